@@ -1,0 +1,88 @@
+"""The Python API: generate in the caller's thread by stepping the engine until the reply ends.
+
+    from runner import Runner
+    with Runner("smollm2-135m-instruct", parallel=1) as r:
+        print(r.chat([{"role": "user", "content": "Hi"}], temperature=0))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from runner.chat_template import Message
+from runner.loaded_model import LoadedModel
+from runner.options import EngineOptions
+from runner.request import GenerationRequest, StreamEvent
+from runner.sampling import SamplingParams
+
+_ids = itertools.count(1)
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
+    return [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in messages]
+
+
+class Runner:
+    def __init__(self, model: str | Path = "smollm2-135m-instruct", log: Any = None, **options: Any) -> None:
+        engine_options = EngineOptions(**{"parallel": 1, **options})
+        kwargs = {"log": log} if log is not None else {}
+        self.loaded = LoadedModel(model, engine_options, **kwargs)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self, prompt_ids: tuple[int, ...], max_tokens: int = 256, stop: tuple[str, ...] = (), **sampling: Any
+    ) -> GenerationRequest:
+        unknown = set(sampling) - _SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        return GenerationRequest(
+            request_id=f"api-{next(_ids)}",
+            prompt_ids=prompt_ids,
+            sampling=SamplingParams(**sampling),
+            max_tokens=max_tokens,
+            stop=tuple(stop),
+        )
+
+    def stream(self, request: GenerationRequest) -> Iterator[StreamEvent]:
+        """Yield events as the engine produces them; closing the iterator cancels the request."""
+        engine = self.loaded.engine
+        events: list[StreamEvent] = []
+        engine.submit(request, events.append)
+        finished = False
+        try:
+            while not finished:
+                engine.step()
+                while events:
+                    event = events.pop(0)
+                    finished = finished or event.is_final
+                    yield event
+        finally:
+            if not finished:
+                engine.cancel(request.request_id)
+                while engine.has_work:
+                    engine.step()
+
+    def stream_chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> Iterator[StreamEvent]:
+        prompt_ids = self.loaded.chat_prompt_ids(_messages(messages))
+        kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.template.stop
+        return self.stream(self.request(prompt_ids, **kwargs))
+
+    def chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> str:
+        return "".join(e.text for e in self.stream_chat(messages, **kwargs))
+
+    def complete(self, prompt: str, **kwargs: Any) -> str:
+        request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
+        return "".join(e.text for e in self.stream(request))
+
+    def close(self) -> None:
+        self.loaded.close()

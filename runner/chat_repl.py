@@ -1,0 +1,142 @@
+"""`runner chat`: an interactive REPL with streamed replies, or one plain reply for piped input."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from runner.api import Runner
+from runner.chat_template import Message
+
+HELP = (
+    "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /help\n"
+    'multi-line input: a line with """, then your text, then """ again; Ctrl-C stops a reply, Ctrl-D exits'
+)
+MULTILINE = '"""'
+
+
+@dataclass
+class ReplyStats:
+    n_tokens: int
+    elapsed_s: float
+    ttft_s: float | None
+    was_stopped: bool
+
+    def line(self) -> str:
+        rate = self.n_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        ttft = f"{self.ttft_s * 1000:.0f} ms" if self.ttft_s is not None else "n/a"
+        stopped = ", stopped" if self.was_stopped else ""
+        return f"[{self.n_tokens} tokens, {rate:.1f} tok/s, first token {ttft}{stopped}]"
+
+
+@dataclass
+class Conversation:
+    system: str | None = None
+    turns: list[Message] = field(default_factory=list)
+
+    def messages(self) -> list[Message]:
+        head = [Message("system", self.system)] if self.system else []
+        return head + self.turns
+
+
+class _StopFlag:
+    """SIGINT during a reply sets a flag (checked between engine steps) instead of raising."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def __enter__(self) -> _StopFlag:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_: Any) -> None:
+        self.is_set = True
+
+    def __exit__(self, *_: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def stream_reply(runner: Runner, messages: list[Message], out: TextIO, **kwargs: Any) -> tuple[str, ReplyStats]:
+    started = time.perf_counter()
+    parts: list[str] = []
+    ttft: float | None = None
+    n_tokens = 0
+    with _StopFlag() as stop:
+        events = runner.stream_chat(messages, **kwargs)
+        for event in events:
+            if event.token_ids and ttft is None:
+                ttft = time.perf_counter() - started
+            n_tokens += len(event.token_ids)
+            parts.append(event.text)
+            out.write(event.text)
+            out.flush()
+            if stop.is_set:
+                events.close()  # cancels the request and frees its slot
+                break
+    return "".join(parts), ReplyStats(n_tokens, time.perf_counter() - started, ttft, stop.is_set)
+
+
+def read_user_input(prompt: str = ">>> ") -> str:
+    line = input(prompt)
+    if line.strip() != MULTILINE:
+        return line
+    lines = []
+    while (line := input("... ")).strip() != MULTILINE:
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def run_repl(runner: Runner, system: str | None, **kwargs: Any) -> int:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    convo = Conversation(system)
+    print(f"chatting with {runner.loaded.name}. /help for commands, Ctrl-D to exit.")
+    interrupts = 0
+    while True:
+        try:
+            text = read_user_input()
+            interrupts = 0
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts >= 2:
+                print()
+                return 0
+            print("\n(press Ctrl-C again on an empty line, or Ctrl-D, to exit)")
+            continue
+        command, _, arg = text.strip().partition(" ")
+        if command in ("/exit", "/quit", "/bye"):
+            return 0
+        if command == "/help":
+            print(HELP)
+            continue
+        if command == "/clear":
+            convo.turns.clear()
+            print("(conversation cleared)")
+            continue
+        if command == "/system":
+            convo.system = arg.strip() or None
+            print(f"(system prompt {'set' if convo.system else 'cleared'})")
+            continue
+        if not text.strip():
+            continue
+        convo.turns.append(Message("user", text))
+        reply, stats = stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+        print()
+        print(stats.line())
+        convo.turns.append(Message("assistant", reply))
+
+
+def run_piped(runner: Runner, system: str | None, **kwargs: Any) -> int:
+    text = sys.stdin.read()
+    convo = Conversation(system, [Message("user", text)])
+    stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+    print()
+    return 0

@@ -1,0 +1,197 @@
+"""The `runner` command line: run, chat, serve, pull, list, rm, info."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from runner import __version__
+from runner.catalog import Catalog
+from runner.errors import RunnerError
+from runner.options import EngineOptions, add_flags, from_args
+from runner.sampling import SamplingParams
+
+
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    default = Catalog.load().default
+    p.add_argument("model", nargs="?", default=default, help=f"a .gguf path or a catalog name (default: {default})")
+
+
+def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=512, help="most tokens in a reply (default: 512)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_flags(p, SamplingParams)
+    add_flags(p, EngineOptions, {"parallel": parallel})
+
+
+def _generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    sampling = from_args(SamplingParams, args)
+    return {"max_tokens": args.max_tokens, "stop": tuple(args.stop), **vars(sampling)}
+
+
+def _open_runner(args: argparse.Namespace) -> Any:
+    from runner.api import Runner
+
+    options = vars(from_args(EngineOptions, args))
+    return Runner(args.model, log=lambda line: None if args.quiet else print(line, file=sys.stderr), **options)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner.chat_repl import Conversation, stream_reply
+    from runner.chat_template import Message
+
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise RunnerError("no prompt: pass -p TEXT or pipe text on stdin")
+        prompt = sys.stdin.read()
+    with _open_runner(args) as runner:
+        if args.raw:
+            for event in runner.stream(runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+            stats = None
+        else:
+            convo = Conversation(args.system, [Message("user", prompt)])
+            _, stats = stream_reply(runner, convo.messages(), sys.stdout, **_generation_kwargs(args))
+        print()
+        if args.stats and stats is not None:
+            print(stats.line(), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from runner.chat_repl import run_piped, run_repl
+
+    with _open_runner(args) as runner:
+        if sys.stdin.isatty():
+            return run_repl(runner, args.system, **_generation_kwargs(args))
+        return run_piped(runner, args.system, **_generation_kwargs(args))
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from runner.pull import pull
+    from runner.store import ModelStore
+
+    store = ModelStore()
+    path = pull(store.catalog.resolve(args.name), store)
+    print(f"{args.name}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runner.store import ModelStore
+
+    store = ModelStore()
+    cached = store.cached()
+    if args.all:
+        have = {c.name for c in cached}
+        for name in store.catalog.names():
+            ref = store.catalog.resolve(name)
+            mark = "cached" if name in have else ""
+            print(f"{name:34} {ref.entry.license:20} {mark}")
+        return 0
+    if not cached:
+        print(f"no models cached in {store.root} (`runner pull NAME`, `runner list --all` for the catalog)")
+        return 0
+    for c in cached:
+        print(f"{c.name:34} {c.size_bytes / 1e6:9.1f} MB  {c.path}")
+    print(f"cache: {store.root}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from runner.store import ModelStore
+
+    path = ModelStore().remove(args.name)
+    print(f"removed {path}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from runner.gguf_file import read_gguf
+    from runner.store import ModelStore
+
+    path, ref = ModelStore().resolve(args.model, pull_missing=False)
+    info = read_gguf(path)
+    rows = [
+        ("model", ref.name if ref else path.stem),
+        ("file", str(path)),
+        ("size", f"{info.file_size / 1e6:.1f} MB"),
+        ("architecture", info.architecture),
+        ("parameters", f"{info.n_params / 1e6:.1f} M"),
+        ("quantization", info.quant_type),
+        ("vocabulary", f"{info.n_vocab} tokens"),
+        ("trained context", f"{info.n_ctx_train} tokens"),
+        ("layers", str(info.arch_value("block_count", "?"))),
+        ("chat template", "present" if info.has_chat_template else "none (runner's plain fallback is used)"),
+    ]
+    if ref:
+        rows += [("license", ref.entry.license), ("origin", ref.entry.hf)]
+        if ref.entry.draft:
+            rows.append(("default draft", ref.entry.draft))
+    for key, value in rows:
+        print(f"{key:16} {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner", description="A portable local LLM runner on llama.cpp.")
+    parser.add_argument("--version", action="version", version=f"runner {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(fn=fn)
+        commands[name] = fn
+        return p
+
+    p = add("run", cmd_run, "generate one reply to a prompt and print it")
+    _model_arg(p)
+    p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
+    p.add_argument("--stats", action="store_true", help="print tokens, tok/s and time to first token on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
+    _generation_flags(p, parallel=1)
+
+    p = add("chat", cmd_chat, "chat in the terminal (piped stdin: one reply)")
+    _model_arg(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
+    _generation_flags(p, parallel=1)
+
+    p = add("pull", cmd_pull, "download a catalog model (or derive a quant variant) into the cache")
+    p.add_argument("name")
+    p = add("list", cmd_list, "list cached models and their sizes")
+    p.add_argument("--all", action="store_true", help="list the whole catalog")
+    p = add("rm", cmd_rm, "remove a cached model")
+    p.add_argument("name")
+    p = add("info", cmd_info, "describe a model: architecture, parameters, quantization, vocabulary")
+    p.add_argument("model")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.fn(args)
+    except RunnerError as exc:
+        print(f"runner: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

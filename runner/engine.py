@@ -1,0 +1,83 @@
+"""The engine: one step = plan one batch, one llama_decode, sample and stream every row."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from runner.request import EventSink, GenerationRequest
+from runner.scheduler import BatchRow, Scheduler
+from runner.sequence import Sequence
+from runner.slots import SlotState
+
+
+class Runtime(Protocol):
+    def decode(self, rows: list[BatchRow]) -> np.ndarray: ...
+    def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+
+
+class Vocab(Protocol):
+    def token_bytes(self, token_id: int) -> bytes: ...
+    @property
+    def eog_ids(self) -> frozenset[int]: ...
+
+
+@dataclass
+class EngineStats:
+    n_requests: int = 0
+    n_prompt_tokens: int = 0  # prompt tokens computed (not reused)
+    n_cached_prompt_tokens: int = 0
+    n_generated_tokens: int = 0
+    n_steps: int = 0
+    decode_s: float = 0.0
+
+
+class Engine:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab) -> None:
+        self.runtime = runtime
+        self.scheduler = scheduler
+        self.vocab = vocab
+        self.stats = EngineStats()
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
+        seq = Sequence(request, sink, self.vocab.token_bytes, self.vocab.eog_ids)
+        self.scheduler.submit(seq)
+        self.stats.n_requests += 1
+        return seq
+
+    def cancel(self, request_id: str) -> None:
+        self.scheduler.cancel(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> int:
+        """Run one engine step; returns the number of tokens decoded."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return 0
+        started = time.perf_counter()
+        try:
+            logits = self.runtime.decode(plan.rows)
+        except RuntimeError as exc:
+            self.scheduler.fail(plan, str(exc))
+            return 0
+        self.stats.decode_s += time.perf_counter() - started
+        self.stats.n_steps += 1
+        self._count(plan.rows)
+        self.scheduler.postprocess(plan, logits)
+        return plan.n_tokens
+
+    def _count(self, rows: list[BatchRow]) -> None:
+        for row in rows:
+            seq = row.slot.seq
+            assert seq is not None
+            if row.slot.state is SlotState.PREFILL:
+                self.stats.n_prompt_tokens += len(row.token_ids)
+                if row.first_pos == seq.n_cached_prompt:  # first chunk: the rest came from the cache
+                    self.stats.n_cached_prompt_tokens += seq.n_cached_prompt
+            self.stats.n_generated_tokens += row.n_logits

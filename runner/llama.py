@@ -1,0 +1,294 @@
+"""The one module that imports llama_cpp: model, context, batch, vocab, KV ops, quantize.
+
+Everything above this module speaks plain Python and numpy.
+Free order (written once): context before model; a draft's objects before the target's.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp as _lc
+
+from runner.errors import ModelLoadError
+
+_LOG_LEVEL_ERROR = 3
+_LOG_LEVEL_CONT = 5
+_recent_log: collections.deque[str] = collections.deque(maxlen=40)
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@_lc.llama_log_callback
+def _log_to_ring(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty on stderr; keep its recent lines to explain a failure instead.
+    line = text.decode("utf-8", "replace")
+    _recent_log.append(line)
+    if level == _LOG_LEVEL_ERROR and os.environ.get("RUNNER_LLAMA_LOG"):
+        print(line, end="", flush=True)
+    elif os.environ.get("RUNNER_LLAMA_LOG") == "all" and level != _LOG_LEVEL_CONT:
+        print(line, end="", flush=True)
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log into a ring buffer."""
+    global _backend_ready
+    with _backend_lock:
+        if _backend_ready:
+            return
+        _lc.llama_log_set(_log_to_ring, ctypes.c_void_p(0))
+        _lc.llama_backend_init()
+        _backend_ready = True
+
+
+def recent_log(n_lines: int = 8) -> str:
+    """The last lines llama.cpp logged (errors from a failed load end up here)."""
+    lines = [line.strip() for line in list(_recent_log)[-n_lines:] if line.strip()]
+    return " | ".join(lines)
+
+
+def library_version() -> str:
+    return _lc.__version__
+
+
+def supports_gpu_offload() -> bool:
+    return bool(_lc.llama_supports_gpu_offload())
+
+
+class Model:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
+        init_backend()
+        params = _lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        _recent_log.clear()
+        self.path = Path(path)
+        self._ptr = _lc.llama_model_load_from_file(str(path).encode(), params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not load {path}: {recent_log(3) or 'unknown error'}")
+        self._vocab = _lc.llama_model_get_vocab(self._ptr)
+        self.n_vocab: int = _lc.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx_train: int = _lc.llama_model_n_ctx_train(self._ptr)
+        self.n_layer: int = _lc.llama_model_n_layer(self._ptr)
+        self.n_embd: int = _lc.llama_model_n_embd(self._ptr)
+        self.n_head: int = _lc.llama_model_n_head(self._ptr)
+        self.n_head_kv: int = _lc.llama_model_n_head_kv(self._ptr)
+        self.n_params: int = _lc.llama_model_n_params(self._ptr)
+        self.size_bytes: int = _lc.llama_model_size(self._ptr)
+        self.bos_id: int = _lc.llama_vocab_bos(self._vocab)
+        self.eos_id: int = _lc.llama_vocab_eos(self._vocab)
+        self.add_bos: bool = bool(_lc.llama_vocab_get_add_bos(self._vocab))
+        self._eog_ids = frozenset(t for t in range(self.n_vocab) if _lc.llama_vocab_is_eog(self._vocab, t))
+        self._piece_cache: dict[int, bytes] = {}
+
+    # -- metadata -------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = _lc.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            _lc.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    @property
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        _lc.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    # -- vocabulary -----------------------------------------------------------------------
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (eos, eot, <|im_end|>, ...)."""
+        return self._eog_ids
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (_lc.llama_token * n_max)()
+        n = _lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (_lc.llama_token * n_max)()
+            n = _lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character); specials render empty."""
+        piece = self._piece_cache.get(token_id)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = _lc.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = _lc.llama_token_to_piece(self._vocab, token_id, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token_id] = piece
+        return piece
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary's text for a token, specials included (e.g. '<|im_end|>')."""
+        raw = _lc.llama_vocab_get_text(self._vocab, token_id)
+        return raw.decode("utf-8", "replace") if raw else ""
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._ptr:
+            _lc.llama_model_free(self._ptr)
+            self._ptr = None
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    n_seq: int
+    n_ctx_per_seq: int
+    n_batch: int
+    n_threads: int
+    kv_unified: bool = True
+
+
+class Batch:
+    """A reusable llama_batch whose arrays are numpy buffers we own (filled by slice assignment)."""
+
+    def __init__(self, n_tokens_max: int) -> None:
+        self.n_tokens_max = n_tokens_max
+        self.token_ids = np.zeros(n_tokens_max, dtype=np.int32)
+        self.positions = np.zeros(n_tokens_max, dtype=np.int32)
+        self.seq_ids = np.zeros(n_tokens_max, dtype=np.int32)
+        self.wants_logits = np.zeros(n_tokens_max, dtype=np.int8)
+        self._n_seq_id = np.ones(n_tokens_max, dtype=np.int32)
+        base = self.seq_ids.ctypes.data
+        self._seq_id_ptrs = (ctypes.POINTER(ctypes.c_int32) * n_tokens_max)(
+            *[ctypes.cast(base + 4 * i, ctypes.POINTER(ctypes.c_int32)) for i in range(n_tokens_max)]
+        )
+        self.n_tokens = 0
+        self.n_outputs = 0
+        self._struct = _lc.llama_batch()
+        self._struct.token = self.token_ids.ctypes.data_as(ctypes.POINTER(_lc.llama_token))
+        self._struct.embd = None
+        self._struct.pos = self.positions.ctypes.data_as(ctypes.POINTER(_lc.llama_pos))
+        self._struct.n_seq_id = self._n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self._struct.seq_id = self._seq_id_ptrs
+        self._struct.logits = self.wants_logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+        self.n_outputs = 0
+
+    def add(self, seq_id: int, token_ids: list[int], first_pos: int, n_logits: int) -> int:
+        """Append a run of one sequence's tokens; the last n_logits of them output logits.
+
+        Returns the output row index of the first logits row of this run (or -1)."""
+        n = len(token_ids)
+        start, end = self.n_tokens, self.n_tokens + n
+        if end > self.n_tokens_max:
+            raise ValueError(f"batch overflow: {end} > {self.n_tokens_max}")
+        self.token_ids[start:end] = token_ids
+        self.positions[start:end] = np.arange(first_pos, first_pos + n, dtype=np.int32)
+        self.seq_ids[start:end] = seq_id
+        self.wants_logits[start:end] = 0
+        if n_logits:
+            self.wants_logits[end - n_logits : end] = 1
+        self.n_tokens = end
+        first_row = self.n_outputs if n_logits else -1
+        self.n_outputs += n_logits
+        return first_row
+
+
+class Context:
+    """One llama.cpp context holding n_seq sequences (the KV slots), all decoded in one batch."""
+
+    def __init__(self, model: Model, shape: ContextShape) -> None:
+        params = _lc.llama_context_default_params()
+        params.n_ctx = shape.n_ctx_per_seq * shape.n_seq
+        params.n_batch = shape.n_batch
+        params.n_ubatch = min(shape.n_batch, 512)
+        params.n_seq_max = shape.n_seq
+        params.n_threads = shape.n_threads
+        params.n_threads_batch = shape.n_threads
+        params.kv_unified = shape.kv_unified
+        params.no_perf = True
+        _recent_log.clear()
+        self._ptr = _lc.llama_init_from_model(model._ptr, params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not create a context: {recent_log(3) or 'unknown error'}")
+        self.model = model
+        self.shape = shape
+        self.n_ctx: int = _lc.llama_n_ctx(self._ptr)
+        self._memory = _lc.llama_get_memory(self._ptr)
+        self._n_vocab = model.n_vocab
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Run one llama_decode; returns the logits rows (n_outputs, n_vocab) as a no-copy view.
+
+        NOTE: the view is only valid until the next decode on this context."""
+        if batch.n_tokens == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        batch._struct.n_tokens = batch.n_tokens
+        rc = _lc.llama_decode(self._ptr, batch._struct)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}: {recent_log(2)}")
+        if batch.n_outputs == 0:
+            return np.empty((0, self._n_vocab), dtype=np.float32)
+        ptr = _lc.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(batch.n_outputs, self._n_vocab))
+
+    # -- KV sequence operations -----------------------------------------------------------
+    def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of a sequence (p1 < 0: to the end)."""
+        return bool(_lc.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
+    def kv_copy(self, src_seq: int, dst_seq: int, p0: int = 0, p1: int = -1) -> None:
+        _lc.llama_memory_seq_cp(self._memory, src_seq, dst_seq, p0, p1)
+
+    def kv_keep(self, seq_id: int) -> None:
+        _lc.llama_memory_seq_keep(self._memory, seq_id)
+
+    def kv_clear(self) -> None:
+        _lc.llama_memory_clear(self._memory, True)
+
+    def kv_pos_max(self, seq_id: int) -> int:
+        """Largest cached position of a sequence, -1 when empty."""
+        return int(_lc.llama_memory_seq_pos_max(self._memory, seq_id))
+
+    def close(self) -> None:
+        if self._ptr:
+            _lc.llama_free(self._ptr)
+            self._ptr = None
+
+
+QUANT_TYPES: dict[str, int] = {
+    "f16": _lc.LLAMA_FTYPE_MOSTLY_F16,
+    "q8_0": _lc.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": _lc.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "q4_1": _lc.LLAMA_FTYPE_MOSTLY_Q4_1,
+}
+
+
+def quantize(src: Path, dst: Path, quant: str, n_threads: int | None = None) -> None:
+    """Write `src` re-quantized to `quant` at `dst` (llama_model_quantize, requantize allowed)."""
+    init_backend()
+    params = _lc.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[quant]
+    params.allow_requantize = True
+    params.nthread = n_threads or os.cpu_count() or 1
+    _recent_log.clear()
+    rc = _lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelLoadError(f"quantizing {src.name} to {quant} failed: {recent_log(3)}")

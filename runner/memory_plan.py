@@ -1,0 +1,77 @@
+"""Before loading: will weights + KV for every slot + compute buffers fit in memory?"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from runner.errors import MemoryPlanError
+from runner.gguf_file import GgufInfo
+from runner.options import EngineOptions
+
+_KV_BYTES = 2  # f16 K and V cache entries
+_MIB = 1 << 20
+
+
+def available_ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    weights_bytes: int
+    kv_per_slot_bytes: int
+    n_slots: int
+    compute_bytes: int
+    available_bytes: int
+
+    @classmethod
+    def for_model(cls, info: GgufInfo, options: EngineOptions, available_bytes: int | None = None) -> MemoryPlan:
+        n_layer = int(info.arch_value("block_count", 0))
+        n_embd = int(info.arch_value("embedding_length", 0))
+        n_head = int(info.arch_value("attention.head_count", 1)) or 1
+        n_head_kv = int(info.arch_value("attention.head_count_kv", n_head)) or n_head
+        head_k = int(info.arch_value("attention.key_length", n_embd // n_head))
+        head_v = int(info.arch_value("attention.value_length", n_embd // n_head))
+        kv_per_token = n_layer * n_head_kv * (head_k + head_v) * _KV_BYTES
+        n_ff = int(info.arch_value("feed_forward_length", 4 * n_embd))
+        n_ubatch = min(options.batch_size, 512)
+        # logits for every output row + activations of one micro-batch (a generous estimate)
+        compute = info.n_vocab * 4 * (options.parallel + n_ubatch) + n_ubatch * (n_embd + n_ff) * 4 * 8 + 32 * _MIB
+        return cls(
+            weights_bytes=info.file_size,
+            kv_per_slot_bytes=kv_per_token * options.ctx_size,
+            n_slots=options.parallel,
+            compute_bytes=compute,
+            available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_per_slot_bytes * self.n_slots + self.compute_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.available_bytes
+
+    def describe(self) -> str:
+        mib = lambda n: f"{n / _MIB:,.0f} MiB"  # noqa: E731
+        return (
+            f"memory plan: weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot x {self.n_slots} "
+            f"slots + compute ~{mib(self.compute_bytes)} = {mib(self.total_bytes)} "
+            f"(available: {mib(self.available_bytes)})"
+        )
+
+    def check(self) -> None:
+        if not self.fits:
+            raise MemoryPlanError(
+                f"not enough memory: {self.describe()}; try fewer slots (--parallel), "
+                f"a smaller context (--ctx-size), or a smaller/quantized model"
+            )

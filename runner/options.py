@@ -1,0 +1,62 @@
+"""Engine options, each declared once: the dataclass field drives the CLI flag and the default."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from runner.sampling import SamplingParams
+
+T = TypeVar("T")
+
+
+def _opt(default: Any, help: str, flag: str | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)")
+    ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
+    batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
+    threads: int = _opt(os.cpu_count() or 1, "CPU threads for llama.cpp")
+    n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
+    max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
+
+
+SAMPLING_HELP = {
+    "temperature": "sampling temperature (0: greedy)",
+    "top_k": "keep the k most likely tokens (0: off)",
+    "top_p": "nucleus sampling threshold (1: off)",
+    "min_p": "drop tokens below min-p x the top probability (0: off)",
+    "repeat_penalty": "penalty for tokens among the last repeat-last-n (1: off)",
+    "repeat_last_n": "how many recent tokens the repeat penalty looks at",
+    "presence_penalty": "OpenAI presence penalty",
+    "frequency_penalty": "OpenAI frequency penalty",
+    "seed": "random seed (same seed, same output)",
+}
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, Any] | None = None) -> None:
+    """One flag per dataclass field; `overrides` changes a default for this command only."""
+    overrides = overrides or {}
+    for f in dataclasses.fields(cls):
+        default = overrides.get(f.name, f.default)
+        kind = type(f.default) if f.default is not None else int
+        help_text = f.metadata.get("help") or SAMPLING_HELP.get(f.name, "")
+        parser.add_argument(_flag(f), dest=f.name, type=kind, default=default, help=f"{help_text} (default: {default})")
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return from_args(SamplingParams, args)

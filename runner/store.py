@@ -1,0 +1,71 @@
+"""The local model cache: where files live, what is there, and turning a MODEL argument into a path."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from runner.catalog import Catalog, ModelRef
+from runner.errors import CatalogError, ModelFileError
+
+CACHE_ENV = "RUNNER_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """$RUNNER_CACHE_DIR, else the platform's user cache dir (e.g. ~/.cache/runner/models)."""
+    override = os.environ.get(CACHE_ENV)
+    path = Path(override) if override else Path(platformdirs.user_cache_dir("runner")) / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    name: str  # catalog name, or the file name when the catalog does not know it
+    path: Path
+    size_bytes: int
+
+
+class ModelStore:
+    def __init__(self, catalog: Catalog | None = None, root: Path | None = None) -> None:
+        self.catalog = catalog or Catalog.load()
+        self.root = root or cache_dir()
+
+    def path_of(self, ref: ModelRef) -> Path:
+        return self.root / ref.file
+
+    def cached(self) -> list[CachedModel]:
+        by_file = {self.catalog.resolve(n).file: n for n in self.catalog.names()}
+        out = []
+        for path in sorted(self.root.glob("*.gguf")):
+            out.append(CachedModel(by_file.get(path.name, path.name), path, path.stat().st_size))
+        return out
+
+    def remove(self, name: str) -> Path:
+        ref = self.catalog.resolve(name)
+        path = self.path_of(ref)
+        if not path.exists():
+            raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
+        path.unlink()
+        return path
+
+    def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
+        """MODEL is a path to a .gguf or a catalog name; a missing catalog model is pulled."""
+        candidate = Path(model).expanduser()
+        looks_like_path = candidate.suffix == ".gguf" or os.sep in model or candidate.exists()
+        if looks_like_path and not self.catalog.is_name(model):
+            if not candidate.exists():
+                raise ModelFileError(f"model file not found: {model}")
+            return candidate, None
+        ref = self.catalog.resolve(model)
+        path = self.path_of(ref)
+        if not path.exists():
+            if not pull_missing:
+                raise CatalogError(f"'{ref.name}' is not in the cache; run `runner pull {ref.name}`")
+            from runner.pull import pull
+
+            pull(ref, self)
+        return path, ref

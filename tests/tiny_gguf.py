@@ -1,0 +1,84 @@
+"""Write a tiny random-weight llama GGUF (byte-level BPE vocab, 2 layers) for fast engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a")]
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-in for each of the 256 bytes, in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool = True) -> Path:
+    rng = np.random.default_rng(seed)
+    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES]
+    types = [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
+    n_vocab, n_head, n_head_kv, n_ff = len(tokens), 4, 2, 128
+    head_dim = n_embd // n_head
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("tiny-random-llama")
+    w.add_file_type(0)  # all F32
+    w.add_block_count(n_layer)
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([" ".join(m) for m in MERGES])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    if chat_template:
+        w.add_chat_template(CHATML)
+
+    def tensor(name: str, *shape: int, scale: float = 0.3) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    tensor("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    ones("output_norm.weight", n_embd)
+    tensor("output.weight", n_vocab, n_embd, scale=1.0)
+    for i in range(n_layer):
+        ones(f"blk.{i}.attn_norm.weight", n_embd)
+        tensor(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        tensor(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
+        tensor(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
+        tensor(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        ones(f"blk.{i}.ffn_norm.weight", n_embd)
+        tensor(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        tensor(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        tensor(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
