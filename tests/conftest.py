@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny random GGUF (fast) and the real SmolLM2 (marked `model`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tiny_gguf import write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+# The real model is pulled once into a cache that survives test runs (CI: a fresh clone pulls again).
+MODEL_CACHE = Path(os.environ.get("RUNNER_TEST_CACHE", REPO / ".cache" / "models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_gguf: Path):
+    from runner.llama import Model
+
+    model = Model(tiny_gguf)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    return MODEL_CACHE
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(model_cache: Path) -> Path:
+    from runner.pull import pull
+    from runner.store import ModelStore
+
+    store = ModelStore(root=model_cache)
+    return pull(store.catalog.resolve("smollm2-135m-instruct"), store, quiet=True)
+
+
+@pytest.fixture
+def cache_env(model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point RUNNER_CACHE_DIR (for subprocesses too) at the shared test model cache."""
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(model_cache))
+    return model_cache

@@ -1,0 +1,43 @@
+"""A scripted stand-in for the llama.cpp runtime: next token = last token + 1 (mod vocab)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runner.scheduler import BatchRow
+
+N_VOCAB = 50
+EOG_ID = 0
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.kv: dict[int, list[int]] = {}
+        self.batches: list[list[tuple[int, list[int], int, int]]] = []
+
+    def decode(self, rows: list[BatchRow]) -> np.ndarray:
+        self.batches.append([(r.slot.id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
+        out: list[np.ndarray] = []
+        for r in rows:
+            kv = self.kv.setdefault(r.slot.id, [])
+            assert len(kv) == r.first_pos, "positions must continue the cached sequence"
+            kv.extend(r.token_ids)
+            r.first_logit = len(out) if r.n_logits else -1
+            for _ in range(r.n_logits):
+                row = np.zeros(N_VOCAB, dtype=np.float32)
+                row[(r.token_ids[-1] + 1) % N_VOCAB] = 1.0
+                out.append(row)
+        return np.array(out).reshape(len(out), N_VOCAB)
+
+    def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        assert p1 == -1
+        del self.kv.setdefault(seq_id, [])[p0:]
+        return True
+
+    # the Vocab protocol
+    def token_bytes(self, token_id: int) -> bytes:
+        return f"<{token_id}>".encode()
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return frozenset({EOG_ID})

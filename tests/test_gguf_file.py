@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+
+from runner.errors import ModelFileError
+from runner.gguf_file import read_gguf
+
+
+def test_reads_tiny_model_header(tiny_gguf: Path) -> None:
+    info = read_gguf(tiny_gguf)
+    assert info.architecture == "llama"
+    assert info.quant_type == "ALL_F32"
+    assert info.n_vocab == 264
+    assert info.n_ctx_train == 2048
+    assert info.arch_value("block_count") == 2
+    assert info.has_chat_template
+    assert info.data_end == info.file_size
+
+
+def test_truncated_file_is_refused_with_sizes(tiny_gguf: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size - 1000])
+    with pytest.raises(ModelFileError, match=r"truncated or corrupt: its tensors need [\d,]+ bytes but the file has [\d,]+"):
+        read_gguf(cut)
+
+
+def test_truncated_header_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:300])
+    with pytest.raises(ModelFileError, match="truncated GGUF header"):
+        read_gguf(cut)
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    other = tmp_path / "notes.gguf"
+    other.write_text("hello")
+    with pytest.raises(ModelFileError, match="is not a GGUF model file"):
+        read_gguf(other)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="model file not found"):
+        read_gguf(tmp_path / "nope.gguf")

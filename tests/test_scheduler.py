@@ -1,0 +1,142 @@
+"""Scheduler and slot bookkeeping against a fake runtime: no model needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_runtime import FakeRuntime
+from runner.engine import Engine
+from runner.request import FinishReason, GenerationRequest, StreamEvent
+from runner.sampling import SamplingParams
+from runner.scheduler import PromptTooLongError, QueueFullError, Scheduler
+from runner.slots import SlotState
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def make_engine(n_slots: int = 2, n_batch: int = 64, n_ctx: int = 128, max_queue: int = 8) -> tuple[Engine, FakeRuntime]:
+    rt = FakeRuntime()
+    return Engine(rt, Scheduler(n_slots, n_ctx, n_batch, max_queue, rt), rt), rt
+
+
+def submit(engine: Engine, rid: str, prompt: list[int], max_tokens: int = 3) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    engine.submit(GenerationRequest(rid, tuple(prompt), GREEDY, max_tokens), events.append)
+    return events
+
+
+def run_all(engine: Engine) -> None:
+    while engine.has_work:
+        engine.step()
+        for slot in engine.scheduler.pool.slots:  # invariant: the slot mirrors its KV exactly
+            assert engine.runtime.kv.get(slot.id, []) == slot.cached_ids
+
+
+def test_fifo_admission_and_queue() -> None:
+    engine, rt = make_engine(n_slots=2)
+    evs = [submit(engine, f"r{i}", [10 + i, 20 + i]) for i in range(4)]
+    engine.step()
+    assert [s.seq.request_id for s in engine.scheduler.pool.slots] == ["r0", "r1"]
+    assert [s.request_id for s in engine.scheduler.waiting] == ["r2", "r3"]
+    run_all(engine)
+    for i, ev in enumerate(evs):
+        assert [e.token_ids for e in ev] == [(21 + i,), (22 + i,), (23 + i,)]
+        assert ev[-1].finish_reason is FinishReason.LENGTH
+        assert ev[-1].usage.prompt_tokens == 2 and ev[-1].usage.completion_tokens == 3
+        assert "".join(e.text for e in ev) == f"<{21 + i}><{22 + i}><{23 + i}>"
+
+
+def test_token_budget_and_chunked_prefill_order() -> None:
+    engine, rt = make_engine(n_slots=3, n_batch=8)
+    submit(engine, "a", [1, 2], max_tokens=5)
+    engine.step()  # a prefilled, generating
+    submit(engine, "b", list(range(10, 20)))
+    submit(engine, "c", list(range(30, 35)))
+    engine.step()
+    # a's decode row first, then b's first chunk under the 8-token budget; c must wait
+    assert rt.batches[-1] == [(0, [3], 2, 1), (1, list(range(10, 17)), 0, 0)]
+    engine.step()
+    assert rt.batches[-1] == [(0, [4], 3, 1), (1, [17, 18, 19], 7, 1), (2, [30, 31, 32, 33], 0, 0)]
+    engine.step()
+    assert rt.batches[-1] == [(0, [5], 4, 1), (1, [20], 10, 1), (2, [34], 4, 1)]
+
+
+def test_prefix_reuse_picks_the_slot_with_the_longest_shared_prefix() -> None:
+    engine, rt = make_engine(n_slots=3)
+    submit(engine, "x", [1, 2, 3, 4, 5, 6], max_tokens=1)
+    submit(engine, "y", [40, 41, 42], max_tokens=1)
+    run_all(engine)
+    slot_of_x = next(s for s in engine.scheduler.pool.slots if s.cached_ids[:1] == [1])
+    ev = submit(engine, "z", [1, 2, 3, 4, 9], max_tokens=1)
+    engine.step()
+    assert rt.batches[-1] == [(slot_of_x.id, [9], 4, 1)]
+    assert ev[-1].usage.cached_tokens == 4
+    assert slot_of_x.cached_ids == [1, 2, 3, 4, 9]
+
+
+def test_identical_prompt_recomputes_only_the_last_token() -> None:
+    engine, rt = make_engine(n_slots=1)
+    submit(engine, "x", [1, 2, 3], max_tokens=1)
+    run_all(engine)
+    ev = submit(engine, "y", [1, 2, 3], max_tokens=1)
+    run_all(engine)
+    assert rt.batches[-1] == [(0, [3], 2, 1)]
+    assert ev[-1].usage.cached_tokens == 2
+
+
+def test_cancel_frees_the_slot_and_the_next_queued_request_starts() -> None:
+    engine, rt = make_engine(n_slots=1)
+    first = submit(engine, "long", [1], max_tokens=40)
+    second = submit(engine, "next", [30, 31], max_tokens=3)
+    engine.step()
+    engine.step()
+    engine.cancel("long")
+    engine.step()
+    slot = engine.scheduler.pool.slots[0]
+    assert first[-1].finish_reason is FinishReason.CANCELLED
+    assert slot.seq is not None and slot.seq.request_id == "next"
+    run_all(engine)
+    assert second[-1].finish_reason is FinishReason.LENGTH
+    assert slot.state is SlotState.IDLE
+
+
+def test_cancel_of_a_queued_request() -> None:
+    engine, _ = make_engine(n_slots=1)
+    submit(engine, "a", [1], max_tokens=5)
+    queued = submit(engine, "b", [2], max_tokens=5)
+    engine.cancel("b")
+    run_all(engine)
+    assert [e.finish_reason for e in queued] == [FinishReason.CANCELLED]
+
+
+def test_queue_bound() -> None:
+    engine, _ = make_engine(n_slots=1, max_queue=1)
+    submit(engine, "a", [1])
+    engine.step()
+    submit(engine, "b", [1])
+    with pytest.raises(QueueFullError, match="1 requests waiting"):
+        submit(engine, "c", [1])
+
+
+def test_prompt_must_fit_a_slot() -> None:
+    engine, _ = make_engine(n_ctx=16)
+    with pytest.raises(PromptTooLongError, match="the prompt has 16 tokens but a slot's context holds 16"):
+        submit(engine, "a", list(range(1, 17)))
+    with pytest.raises(PromptTooLongError, match="empty"):
+        submit(engine, "a", [])
+
+
+def test_generation_stops_at_the_slot_context_limit() -> None:
+    engine, _ = make_engine(n_slots=1, n_ctx=8)
+    ev = submit(engine, "a", [1, 2, 3], max_tokens=100)
+    run_all(engine)
+    assert ev[-1].finish_reason is FinishReason.LENGTH
+    assert ev[-1].usage.completion_tokens == 5  # 3 prompt + 5 generated fill the 8 positions
+
+
+def test_eog_token_ends_with_stop_and_is_not_emitted() -> None:
+    engine, _ = make_engine(n_slots=1)
+    ev = submit(engine, "a", [47], max_tokens=10)
+    run_all(engine)
+    assert [e.token_ids for e in ev] == [(48,), (49,), ()]
+    assert ev[-1].finish_reason is FinishReason.STOP
