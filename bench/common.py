@@ -1,0 +1,28 @@
+"""Helpers shared by the benchmark scripts: model paths and a ratio table."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from runner.pull import pull
+from runner.store import ModelStore
+
+
+def model_path(name: str) -> Path:
+    store = ModelStore()
+    return pull(store.catalog.resolve(name), store)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    cells = [[str(h) for h in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    print(line(cells[0]))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        print(line(row))

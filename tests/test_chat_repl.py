@@ -1,0 +1,72 @@
+"""`runner chat` driven through a pseudo-terminal, as a person types into it."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+
+pytestmark = pytest.mark.model
+PROMPT = ">>> "
+STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token \d+ ms(, stopped)?\]")
+
+
+@pytest.fixture
+def chat(smollm2_path: Path, model_cache: Path):
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "runner", "chat", "smollm2-135m-instruct", "--temperature", "0", "--max-tokens", "400", "-q"],
+        env={**os.environ, "RUNNER_CACHE_DIR": str(model_cache), "TERM": "dumb"},
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(50, 400),
+    )
+    child.expect_exact(PROMPT)
+    yield child
+    child.terminate(force=True)
+
+
+def ask(child: pexpect.spawn, text: str) -> tuple[str, re.Match]:
+    child.sendline(text)
+    child.expect(STATS)
+    reply = child.before.split(text, 1)[-1].strip()
+    match = child.match
+    child.expect_exact(PROMPT)
+    return reply, match
+
+
+def test_reply_streams_and_ctrl_c_stops_it_without_exiting(chat: pexpect.spawn) -> None:
+    chat.sendline("Write a very long story about a dragon who learns to bake bread.")
+    chat.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    chat.sendintr()
+    chat.expect(STATS)
+    assert chat.match.group(2) == ", stopped"
+    assert int(chat.match.group(1)) < 400
+    chat.expect_exact(PROMPT)
+    chat.sendline("/help")  # the program is still alive and answering
+    chat.expect_exact("commands: /exit")
+    chat.expect_exact(PROMPT)
+    chat.sendline("/exit")
+    chat.expect(pexpect.EOF)
+
+
+def test_clear_resets_history(chat: pexpect.spawn) -> None:
+    first, _ = ask(chat, "What is the capital of France?")
+    second, _ = ask(chat, "And of Italy?")
+    chat.sendline("/clear")
+    chat.expect_exact("(conversation cleared)")
+    chat.expect_exact(PROMPT)
+    again, _ = ask(chat, "What is the capital of France?")
+    assert first and again == first
+    assert second != first
+
+
+def test_ctrl_d_exits(chat: pexpect.spawn) -> None:
+    chat.sendeof()
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0

