@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("info", cmd_info, "describe a model: architecture, parameters, quantization, vocabulary")
     p.add_argument("model")
 
+    from runner.server.cli import add_serve_command
+
+    add_serve_command(add)
     return parser
 
 

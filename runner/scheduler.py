@@ -144,6 +144,18 @@ class Scheduler:
             slot.cached_ids.clear()
             self.pool.release(slot)
 
+    def fail_all(self, message: str) -> None:
+        """Something unexpected broke a step: end every request with the error, trust no KV."""
+        for seq in self.waiting:
+            seq.finish(FinishReason.ERROR, error=message)
+        self.waiting.clear()
+        for slot in self.pool.slots:
+            if slot.seq is not None:
+                slot.seq.finish(FinishReason.ERROR, error=message)
+            self._kv.kv_remove(slot.id, 0, -1)
+            slot.cached_ids.clear()
+            self.pool.release(slot)
+
     def _reap_cancelled(self) -> None:
         if any(seq.is_cancel_requested for seq in self.waiting):
             for seq in [s for s in self.waiting if s.is_cancel_requested]:

@@ -1,0 +1,213 @@
+"""The OpenAI-compatible HTTP face: parse, validate, template, tokenize, then hand off to the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from runner.chat_template import TemplateError
+from runner.engine_thread import EngineThread
+from runner.loaded_model import LoadedModel
+from runner.request import GenerationRequest, StreamEvent
+from runner.scheduler import PromptTooLongError, QueueFullError
+from runner.server.errors import ApiError, invalid
+from runner.server.metrics import render_metrics
+from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
+from runner.server.responses import ResponseBuilder, sse
+
+RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.5
+
+
+@dataclass
+class ServerState:
+    loaded: LoadedModel
+    engine_thread: EngineThread
+    model_ids: list[str]
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _check_auth(state: ServerState, request: Request) -> None:
+    if state.api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise ApiError(401, "Missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+    if not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+        raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+def _generation_request(
+    state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...]
+) -> GenerationRequest:
+    if any(t < 0 or t >= state.loaded.model.n_vocab for t in prompt_ids):
+        raise invalid(f"prompt token ids must be in [0, {state.loaded.model.n_vocab})", "prompt")
+    try:
+        state.engine_thread.engine.scheduler.check_prompt(len(prompt_ids))
+    except PromptTooLongError as exc:
+        raise invalid(str(exc), "messages" if prefix == "chatcmpl" else "prompt", "context_length_exceeded") from None
+    room = state.loaded.options.ctx_size - len(prompt_ids)
+    max_tokens = min(common.max_tokens or room, room)
+    return GenerationRequest(
+        request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
+        prompt_ids=prompt_ids,
+        sampling=common.sampling,
+        max_tokens=max_tokens,
+        stop=common.stop + extra_stop,
+        n_top_logprobs=common.n_top_logprobs,
+    )
+
+
+async def _run(state: ServerState, request: Request, gen: GenerationRequest, builder: ResponseBuilder,
+               common: CommonParams) -> Response:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+    try:
+        state.engine_thread.submit(gen, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+    except QueueFullError as exc:
+        raise ApiError(503, f"The server is busy: {exc}; retry shortly", "server_error", code="queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if common.stream:
+        return StreamingResponse(_stream(state, gen.request_id, events, builder, common.include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _collect(state, request, gen.request_id, events, builder)
+
+
+async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[StreamEvent], builder: ResponseBuilder,
+                  include_usage: bool) -> AsyncIterator[str]:
+    finished = False
+    try:
+        first = builder.first_chunk()
+        if first is not None:
+            yield sse(first)
+        while not finished:
+            event = await events.get()
+            finished = event.is_final
+            if event.error is not None:
+                yield sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
+                break
+            chunk = builder.chunk(event)
+            if chunk is not None:
+                yield sse(chunk)
+        if include_usage and builder.usage is not None:
+            yield sse(builder.usage_chunk())
+        yield sse("[DONE]")
+    finally:
+        if not finished:  # the client went away: free its slot
+            state.engine_thread.cancel(request_id)
+
+
+async def _collect(state: ServerState, request: Request, request_id: str, events: asyncio.Queue[StreamEvent],
+                   builder: ResponseBuilder) -> Response:
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    state.engine_thread.cancel(request_id)
+                    return Response(status_code=499)
+                continue
+            if event.error is not None:
+                raise ApiError(500, event.error, "server_error", code="generation_failed")
+            builder.add(event)
+            if event.is_final:
+                return JSONResponse(builder.whole())
+    except asyncio.CancelledError:
+        state.engine_thread.cancel(request_id)
+        raise
+
+
+def create_app(state: ServerState) -> Starlette:
+    loaded = state.loaded
+    served_name = state.model_ids[0]
+
+    async def chat_completions(request: Request) -> Response:
+        _check_auth(state, request)
+        params = parse_chat(parse_json(await request.body()))
+        check_model(params.common.model, state.model_ids)
+        try:
+            prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages)
+        except TemplateError as exc:
+            raise invalid(str(exc), "messages", "invalid_messages") from None
+        gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop)
+        builder = ResponseBuilder("chat", gen.request_id, params.common.model or served_name,
+                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None)
+        return await _run(state, request, gen, builder, params.common)
+
+    async def completions(request: Request) -> Response:
+        _check_auth(state, request)
+        params = parse_completion(parse_json(await request.body()))
+        check_model(params.common.model, state.model_ids)
+        if isinstance(params.prompt, tuple):
+            prompt_ids = params.prompt
+        else:
+            prompt_ids = await run_in_threadpool(loaded.text_prompt_ids, params.prompt)
+        gen = _generation_request(state, "cmpl", prompt_ids, params.common, ())
+        builder = ResponseBuilder("completion", gen.request_id, params.common.model or served_name,
+                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None)
+        return await _run(state, request, gen, builder, params.common)
+
+    async def models(request: Request) -> Response:
+        _check_auth(state, request)
+        data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def slots(request: Request) -> Response:
+        _check_auth(state, request)
+        return JSONResponse([
+            {"id": s.id, "state": s.state, "request_id": s.request_id, "n_cached": s.n_cached,
+             "n_generated": s.n_generated}
+            for s in state.engine_thread.slots()
+        ])
+
+    async def metrics(request: Request) -> Response:
+        _check_auth(state, request)
+        return PlainTextResponse(render_metrics(state.engine_thread), media_type="text/plain; version=0.0.4")
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", code=code).response()
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return ApiError(500, f"internal error: {type(exc).__name__}", "server_error").response()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        state.engine_thread.stop()
+
+    handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

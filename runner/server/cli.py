@@ -1,0 +1,63 @@
+"""`runner serve`: load the model, start the engine thread, run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from runner.options import EngineOptions, add_flags, from_args
+
+DEFAULT_PORT = 8080
+
+
+def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
+    from runner.catalog import Catalog
+
+    p = add("serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API")
+    default = Catalog.load().default
+    p.add_argument("model", nargs="?", default=default, help=f"a .gguf path or a catalog name (default: {default})")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--alias", action="append", default=[], help="another model id to answer to (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="less output on stderr")
+    add_flags(p, EngineOptions)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runner.engine_thread import EngineThread
+    from runner.loaded_model import LoadedModel
+    from runner.server.app import ServerState, create_app
+
+    log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
+    engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
+    engine_thread.start()
+    state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    _announce_when_ready(server, loaded.name, loaded.options.parallel)
+    try:
+        server.run()
+    finally:
+        engine_thread.stop()
+        loaded.close()
+    return 0
+
+
+def _announce_when_ready(server: object, name: str, n_slots: int) -> None:
+    """Print the URL once uvicorn has bound (with --port 0 the port is only known then)."""
+    original = server.startup  # type: ignore[attr-defined]
+
+    async def startup(sockets: object = None) -> None:
+        await original(sockets=sockets)
+        for s in server.servers:  # type: ignore[attr-defined]
+            for sock in s.sockets:
+                host, port = sock.getsockname()[:2]
+                print(f"runner: serving {name} with {n_slots} slots on http://{host}:{port} (Ctrl-C to stop)",
+                      file=sys.stderr, flush=True)
+
+    server.startup = startup  # type: ignore[attr-defined]

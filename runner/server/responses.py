@@ -1,0 +1,152 @@
+"""Build OpenAI response objects (whole and streamed) from the engine's StreamEvents."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.request import FinishReason, StreamEvent, TokenLogprob, Usage
+
+TokenText = Callable[[int], bytes]
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def finish_reason_json(reason: FinishReason | None) -> str | None:
+    if reason is None:
+        return None
+    return "length" if reason is FinishReason.LENGTH else "stop"
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _chat_logprob(lp: TokenLogprob, token_bytes: TokenText) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(token_id)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    return {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, p) for t, p in lp.top]}
+
+
+@dataclass
+class CompletionLogprobs:
+    """The legacy /v1/completions logprobs shape, accumulated token by token."""
+
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    _offset: int = 0
+
+    def add(self, lp: TokenLogprob, token_bytes: TokenText) -> None:
+        text = token_bytes(lp.token_id).decode("utf-8", "replace")
+        self.tokens.append(text)
+        self.token_logprobs.append(lp.logprob)
+        self.top_logprobs.append({token_bytes(t).decode("utf-8", "replace"): p for t, p in lp.top})
+        self.text_offset.append(self._offset)
+        self._offset += len(text)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        }
+
+
+class ResponseBuilder:
+    """One request's response: `chunk()` per event when streaming, `whole()` at the end otherwise."""
+
+    def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool) -> None:
+        self.is_chat = kind == "chat"
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.token_bytes = token_bytes
+        self.wants_logprobs = wants_logprobs
+        self.text_parts: list[str] = []
+        self.chat_logprobs: list[dict[str, Any]] = []
+        self.completion_logprobs = CompletionLogprobs()
+        self.finish_reason: FinishReason | None = None
+        self.usage: Usage | None = None
+
+    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        obj = "chat.completion" if self.is_chat else "text_completion"
+        return {
+            "id": self.request_id,
+            "object": obj + (".chunk" if chunk and self.is_chat else ""),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    def add(self, event: StreamEvent) -> None:
+        self.text_parts.append(event.text)
+        if self.wants_logprobs:
+            for lp in event.logprobs:
+                if self.is_chat:
+                    self.chat_logprobs.append(_chat_logprob(lp, self.token_bytes))
+                else:
+                    self.completion_logprobs.add(lp, self.token_bytes)
+        if event.is_final:
+            self.finish_reason, self.usage = event.finish_reason, event.usage
+
+    # -- streaming --------------------------------------------------------------------------
+    def first_chunk(self) -> dict[str, Any] | None:
+        if not self.is_chat:
+            return None
+        delta = {"role": "assistant", "content": ""}
+        return self._envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], chunk=True)
+
+    def chunk(self, event: StreamEvent) -> dict[str, Any] | None:
+        """The chunk for one event (None when it carries nothing to send)."""
+        n_before = len(self.chat_logprobs) if self.is_chat else len(self.completion_logprobs.tokens)
+        self.add(event)
+        reason = finish_reason_json(event.finish_reason)
+        if not event.text and reason is None and not event.logprobs:
+            return None
+        if self.is_chat:
+            logprobs = {"content": self.chat_logprobs[n_before:]} if self.wants_logprobs else None
+            delta = {"content": event.text} if event.text or reason is None else {}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        else:
+            lp = self.completion_logprobs
+            logprobs = (
+                CompletionLogprobs(lp.tokens[n_before:], lp.token_logprobs[n_before:], lp.top_logprobs[n_before:],
+                                   lp.text_offset[n_before:]).json()
+                if self.wants_logprobs else None
+            )
+            choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+        return self._envelope([choice], chunk=True)
+
+    def usage_chunk(self) -> dict[str, Any]:
+        assert self.usage is not None
+        return {**self._envelope([], chunk=True), "usage": usage_json(self.usage)}
+
+    # -- whole ------------------------------------------------------------------------------
+    def whole(self) -> dict[str, Any]:
+        assert self.usage is not None
+        text = "".join(self.text_parts)
+        reason = finish_reason_json(self.finish_reason)
+        if self.is_chat:
+            logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        else:
+            logprobs = self.completion_logprobs.json() if self.wants_logprobs else None
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        return {**self._envelope([choice], chunk=False), "usage": usage_json(self.usage)}
