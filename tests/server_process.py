@@ -1,0 +1,62 @@
+"""Start a real `runner serve` on 127.0.0.1 (a free port) as a subprocess, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
+
+
+class ServerProcess:
+    def __init__(self, model: str, cache: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner", "serve", model, "--port", "0", "--host", "127.0.0.1", *args],
+            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env={**os.environ, "RUNNER_CACHE_DIR": str(cache)},
+        )
+        self.url = self._wait_for_url()
+
+    def _wait_for_url(self, timeout_s: float = 60) -> str:
+        deadline = time.time() + timeout_s
+        assert self.proc.stderr is not None
+        seen = []
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError("server exited: " + "".join(seen))
+            seen.append(line)
+            match = URL_LINE.search(line)
+            if match:
+                return match.group(1)
+        raise RuntimeError("server did not start: " + "".join(seen))
+
+    def get(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30, **kw)
+
+    def post(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=60, **kw)
+
+    def wait_all_idle(self, timeout_s: float = 10, headers: dict[str, str] | None = None) -> list[dict]:
+        deadline = time.time() + timeout_s
+        while True:
+            slots = self.get("/slots", headers=headers or {}).json()
+            if all(s["state"] == "idle" for s in slots) or time.time() > deadline:
+                return slots
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
