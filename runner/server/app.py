@@ -24,6 +24,7 @@ from runner.loaded_model import LoadedModel
 from runner.request import GenerationRequest, StreamEvent
 from runner.scheduler import PromptTooLongError, QueueFullError
 from runner.server.errors import ApiError, invalid
+from runner.server.event_pump import EventPump
 from runner.server.metrics import render_metrics
 from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.responses import ResponseBuilder, sse
@@ -39,6 +40,20 @@ class ServerState:
     model_ids: list[str]
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    is_closed: bool = False
+    _pump: EventPump | None = None
+
+    def event_pump(self) -> EventPump:
+        if self._pump is None:  # created lazily: it needs the running loop
+            self._pump = EventPump(asyncio.get_running_loop())
+        return self._pump
+
+    def close(self) -> None:
+        """Stop the engine thread, then free the model (idempotent: lifespan and CLI both call it)."""
+        if not self.is_closed:
+            self.is_closed = True
+            self.engine_thread.stop()
+            self.loaded.close()
 
 
 def _check_auth(state: ServerState, request: Request) -> None:
@@ -70,15 +85,15 @@ def _generation_request(
         max_tokens=max_tokens,
         stop=common.stop + extra_stop,
         n_top_logprobs=common.n_top_logprobs,
+        ignore_eos=common.ignore_eos,
     )
 
 
 async def _run(state: ServerState, request: Request, gen: GenerationRequest, builder: ResponseBuilder,
                common: CommonParams) -> Response:
-    loop = asyncio.get_running_loop()
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     try:
-        state.engine_thread.submit(gen, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        state.engine_thread.submit(gen, state.event_pump().sink_for(events))
     except QueueFullError as exc:
         raise ApiError(503, f"The server is busy: {exc}; retry shortly", "server_error", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -207,7 +222,8 @@ def create_app(state: ServerState) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        state.engine_thread.stop()
+        # NOTE: here, not after uvicorn returns: on SIGTERM uvicorn re-raises the signal once it has shut down
+        state.close()
 
     handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from runner.options import EngineOptions, add_flags, from_args
 
 DEFAULT_PORT = 8080
+SWITCH_INTERVAL_S = 0.0005
 
 
 def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -32,6 +33,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from runner.loaded_model import LoadedModel
     from runner.server.app import ServerState, create_app
 
+    # NOTE: the engine thread must get the GIL back the moment llama_decode returns; the default 5 ms
+    # switch interval lets the HTTP thread hold it that long and leaves the cores idle meanwhile.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
     engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
@@ -43,8 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        engine_thread.stop()
-        loaded.close()
+        state.close()
     return 0
 
 

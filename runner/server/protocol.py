@@ -25,6 +25,7 @@ class CommonParams:
     stream: bool
     include_usage: bool
     n_top_logprobs: int | None
+    ignore_eos: bool  # extension (as llama.cpp's server): generate max_tokens even past end-of-text
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, _DEFAULTS.frequency_penalty),
         seed=None if seed is None else seed % 2**64,
     )
-    return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top)
+    ignore_eos = _boolean(body, "ignore_eos")
+    return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top, ignore_eos)
 
 
 def _content(value: Any, index: int, role: str) -> str:
