@@ -154,6 +154,9 @@ class Model:
             self._ptr = None
 
 
+KV_TYPES: dict[str, int] = {"f16": _lc.GGML_TYPE_F16, "q8_0": _lc.GGML_TYPE_Q8_0, "q4_0": _lc.GGML_TYPE_Q4_0}
+
+
 @dataclass(frozen=True)
 class ContextShape:
     n_seq: int
@@ -161,6 +164,7 @@ class ContextShape:
     n_batch: int
     n_threads: int
     kv_unified: bool = True
+    kv_type: str = "f16"
 
 
 class Batch:
@@ -223,6 +227,9 @@ class Context:
         params.n_threads = shape.n_threads
         params.n_threads_batch = shape.n_threads
         params.kv_unified = shape.kv_unified
+        params.type_k = params.type_v = KV_TYPES[shape.kv_type]
+        if shape.kv_type != "f16":
+            params.flash_attn_type = _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp needs it for a quantized V cache
         params.no_perf = True
         _recent_log.clear()
         self._ptr = _lc.llama_init_from_model(model._ptr, params)

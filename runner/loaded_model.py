@@ -52,6 +52,7 @@ class LoadedModel:
                 n_batch=self.options.batch_size,
                 n_threads=self.options.threads,
                 kv_unified=False,  # one KV stream per slot: measured identical to single-sequence output
+                kv_type=self.options.kv_type,
             )
             self.runner = ModelRunner(self.model, shape)
         except BaseException:

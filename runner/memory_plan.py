@@ -9,7 +9,7 @@ from runner.errors import MemoryPlanError
 from runner.gguf_file import GgufInfo
 from runner.options import EngineOptions
 
-_KV_BYTES = 2  # f16 K and V cache entries
+KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # ggml block sizes
 _MIB = 1 << 20
 
 
@@ -40,14 +40,14 @@ class MemoryPlan:
         n_head_kv = int(info.arch_value("attention.head_count_kv", n_head)) or n_head
         head_k = int(info.arch_value("attention.key_length", n_embd // n_head))
         head_v = int(info.arch_value("attention.value_length", n_embd // n_head))
-        kv_per_token = n_layer * n_head_kv * (head_k + head_v) * _KV_BYTES
+        kv_per_token = n_layer * n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type]
         n_ff = int(info.arch_value("feed_forward_length", 4 * n_embd))
         n_ubatch = min(options.batch_size, 512)
         # logits for every output row + activations of one micro-batch (a generous estimate)
         compute = info.n_vocab * 4 * (options.parallel + n_ubatch) + n_ubatch * (n_embd + n_ff) * 4 * 8 + 32 * _MIB
         return cls(
             weights_bytes=info.file_size,
-            kv_per_slot_bytes=kv_per_token * options.ctx_size,
+            kv_per_slot_bytes=int(kv_per_token * options.ctx_size),
             n_slots=options.parallel,
             compute_bytes=compute,
             available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
@@ -73,5 +73,5 @@ class MemoryPlan:
         if not self.fits:
             raise MemoryPlanError(
                 f"not enough memory: {self.describe()}; try fewer slots (--parallel), "
-                f"a smaller context (--ctx-size), or a smaller/quantized model"
+                f"a smaller context (--ctx-size), a quantized KV cache (--kv-type q8_0), or a smaller model"
             )

@@ -11,10 +11,11 @@ from typing import Any, TypeVar
 from runner.sampling import SamplingParams
 
 T = TypeVar("T")
+KV_CHOICES = ("f16", "q8_0", "q4_0")
 
 
-def _opt(default: Any, help: str, flag: str | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "flag": flag})
+def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class EngineOptions:
     threads: int = _opt(os.cpu_count() or 1, "CPU threads for llama.cpp")
     n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
+    kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=KV_CHOICES)
 
 
 SAMPLING_HELP = {
@@ -51,7 +53,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
         default = overrides.get(f.name, f.default)
         kind = type(f.default) if f.default is not None else int
         help_text = f.metadata.get("help") or SAMPLING_HELP.get(f.name, "")
-        parser.add_argument(_flag(f), dest=f.name, type=kind, default=default, help=f"{help_text} (default: {default})")
+        parser.add_argument(_flag(f), dest=f.name, type=kind, default=default, choices=f.metadata.get("choices"),
+                            help=f"{help_text} (default: {default})")
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

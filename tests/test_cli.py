@@ -98,3 +98,13 @@ def test_list_and_rm(tmp_path: Path, tiny_gguf: Path) -> None:
     assert removed.returncode == 0 and list(tmp_path.iterdir()) == []
     again = runner("rm", "smollm2-135m-instruct:f16", env=env)
     assert_one_line_error(again, "is not in the cache")
+
+
+
+
+def test_kv_type_errors_are_one_line(tiny_gguf: Path) -> None:
+    # the tiny model's 16-dim heads cannot hold q8_0 blocks of 32: llama.cpp's reason is quoted
+    proc = runner("run", str(tiny_gguf), "-p", "hi", "--max-tokens", "2", "--kv-type", "q8_0")
+    assert_one_line_error(proc, "could not create a context: .*K cache type q8_0 with block size 32 does not divide")
+    bad = runner("run", str(tiny_gguf), "-p", "hi", "--kv-type", "q2")
+    assert bad.returncode == 2 and "invalid choice: 'q2'" in bad.stderr

@@ -79,3 +79,8 @@ def test_usage_counts_match_the_tokenizer(smol: Runner) -> None:
     assert final.usage.prompt_tokens == len(ids)
     assert final.usage.completion_tokens == sum(len(e.token_ids) for e in events) == 10
     assert final.finish_reason.value == "length"
+
+
+def test_quantized_kv_cache_generates(model_cache: Path) -> None:
+    out = cli("run", "-p", QUESTION, "--temperature", "0", "--max-tokens", "16", "--kv-type", "q8_0", "-q", cache=model_cache)
+    assert len(out.strip()) > 10

@@ -113,9 +113,9 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
         while not finished:
             event = await events.get()
             finished = event.is_final
-            if event.error is not None:
+            if event.error is not None:  # the stream ends with the error event (no [DONE])
                 yield sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
-                break
+                return
             chunk = builder.chunk(event)
             if chunk is not None:
                 yield sse(chunk)
