@@ -125,6 +125,9 @@ def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_war
             if kind == "kv_remove":
                 ctx.kv_remove(*args)
                 continue
+            if kind == "kv_copy_all":
+                ctx.kv_copy(args[0], args[1], -1, -1)
+                continue
             batch.clear()
             for seq_id, token_ids, first_pos, n_logits in args:
                 batch.add(seq_id, token_ids, first_pos, n_logits)

@@ -24,6 +24,8 @@ class SlotView:
     request_id: str | None
     n_cached: int
     n_generated: int
+    n_prompt: int
+    n_prompt_reused: int
 
 
 class EngineThread:
@@ -64,7 +66,7 @@ class EngineThread:
             seq = slot.seq  # read once: the engine thread may release it meanwhile
             views.append(
                 SlotView(slot.id, slot.state.value, seq.request_id if seq else None, slot.n_cached,
-                         len(seq.output_ids) if seq else 0)
+                         len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused)
             )
         return views
 

@@ -38,6 +38,12 @@ class ModelRunner:
             self._trace.append(["kv_remove", [seq_id, p0, p1]])
         return self.context.kv_remove(seq_id, p0, p1)
 
+    def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
+        """Make dst's KV a copy of src's (one stream per slot: llama.cpp copies whole streams)."""
+        if self._trace_path:
+            self._trace.append(["kv_copy_all", [src_seq, dst_seq]])
+        self.context.kv_copy(src_seq, dst_seq, -1, -1)
+
     def close(self) -> None:
         if self._trace_path:
             self._trace_path.write_text("\n".join(json.dumps(op) for op in self._trace))

@@ -28,6 +28,7 @@ class PromptTooLongError(RunnerError):
 
 class KvOps(Protocol):
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+    def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.waiting: deque[Sequence] = deque()
         self._kv = kv
+        self.n_copied_prompt_tokens = 0  # reused prompt tokens that came from another slot's KV
 
     # -- intake -------------------------------------------------------------------------
     def check_prompt(self, n_prompt: int) -> None:
@@ -125,7 +127,7 @@ class Scheduler:
         for row in plan.rows:
             slot, seq = row.slot, row.slot.seq
             assert seq is not None
-            slot.cached_ids.extend(row.token_ids)
+            slot.append(row.token_ids)
             if row.n_logits == 0:
                 continue
             slot.state = SlotState.GENERATING
@@ -141,7 +143,7 @@ class Scheduler:
             if slot.seq is not None:
                 slot.seq.finish(FinishReason.ERROR, error=message)
             self._kv.kv_remove(slot.id, 0, -1)
-            slot.cached_ids.clear()
+            slot.truncate(0)
             self.pool.release(slot)
 
     def fail_all(self, message: str) -> None:
@@ -153,7 +155,7 @@ class Scheduler:
             if slot.seq is not None:
                 slot.seq.finish(FinishReason.ERROR, error=message)
             self._kv.kv_remove(slot.id, 0, -1)
-            slot.cached_ids.clear()
+            slot.truncate(0)
             self.pool.release(slot)
 
     def _reap_cancelled(self) -> None:
@@ -169,9 +171,14 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self.pool.has_free():
             seq = self.waiting.popleft()
-            slot, n_keep = self.pool.pick_for(seq.prompt_ids)
+            place = self.pool.place(seq.prompt_ids)
+            slot, n_keep = place.slot, place.n_keep
+            if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
+                self._kv.kv_copy_all(place.copy_from.id, slot.id)
+                slot.replace(place.copy_from.cached_ids)
+                self.n_copied_prompt_tokens += n_keep
             if n_keep < slot.n_cached:
                 self._kv.kv_remove(slot.id, n_keep, -1)
-                del slot.cached_ids[n_keep:]
+                slot.truncate(n_keep)
             seq.n_cached_prompt = n_keep
-            self.pool.occupy(slot, seq)
+            self.pool.occupy(slot, seq, n_keep)

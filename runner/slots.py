@@ -1,4 +1,9 @@
-"""KV slots: one llama.cpp sequence each, with the tokens its cache holds."""
+"""KV slots: one llama.cpp sequence each, with the tokens its cache holds.
+
+Each slot keeps chained hashes of its cached tokens in blocks of BLOCK_LEN, so finding the
+slot (busy or idle) that shares the longest prefix with a prompt compares a few hashes per
+slot instead of every token; the winner is then confirmed token by token.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ from enum import Enum
 
 from runner.sequence import Sequence
 
+BLOCK_LEN = 64
+# Copying another slot's KV costs a whole stream copy; below this many extra tokens, recompute.
+MIN_COPY_GAIN = 16
+
 
 class SlotState(str, Enum):
     IDLE = "idle"
@@ -14,18 +23,43 @@ class SlotState(str, Enum):
     GENERATING = "generating"
 
 
+def block_hashes(token_ids: list[int] | tuple[int, ...], start: int = 0, prev: int = 0) -> list[int]:
+    """Chained hashes of the full BLOCK_LEN blocks of token_ids from block `start` on."""
+    out = []
+    for i in range(start * BLOCK_LEN, len(token_ids) - BLOCK_LEN + 1, BLOCK_LEN):
+        prev = hash((prev, tuple(token_ids[i : i + BLOCK_LEN])))
+        out.append(prev)
+    return out
+
+
+def common_prefix_len(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...], start: int = 0) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 @dataclass
 class Slot:
     id: int  # == the llama.cpp sequence id
     state: SlotState = SlotState.IDLE
-    cached_ids: list[int] = field(default_factory=list)  # invariant: exactly the tokens in this sequence's KV
     seq: Sequence | None = None
     next_token: int | None = None  # sampled, not yet in the KV (fed by the next decode row)
     last_used: int = 0
+    n_prompt: int = 0  # prompt tokens of the current (or last) request
+    n_prompt_reused: int = 0  # of those, how many came from a KV cache instead of being computed
+    # invariant: exactly the tokens in this sequence's KV, with hashes of its full blocks
+    _cached_ids: list[int] = field(default_factory=list)
+    _hashes: list[int] = field(default_factory=list)
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self._cached_ids
 
     @property
     def n_cached(self) -> int:
-        return len(self.cached_ids)
+        return len(self._cached_ids)
 
     @property
     def is_free(self) -> bool:
@@ -36,13 +70,42 @@ class Slot:
         assert self.seq is not None
         return len(self.seq.prompt_ids) - self.n_cached
 
+    def append(self, token_ids: list[int]) -> None:
+        self._cached_ids.extend(token_ids)
+        n_full = len(self._cached_ids) // BLOCK_LEN
+        if n_full > len(self._hashes):
+            prev = self._hashes[-1] if self._hashes else 0
+            self._hashes += block_hashes(self._cached_ids, len(self._hashes), prev)
 
-def common_prefix_len(a: list[int] | tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    def truncate(self, n: int) -> None:
+        del self._cached_ids[n:]
+        del self._hashes[n // BLOCK_LEN :]
+
+    def replace(self, token_ids: list[int] | tuple[int, ...]) -> None:
+        self._cached_ids, self._hashes = [], []
+        self.append(list(token_ids))
+
+    def prefix_len(self, prompt_ids: tuple[int, ...], prompt_hashes: list[int]) -> int:
+        """How many leading prompt tokens this slot's cache holds."""
+        n_blocks = 0
+        for mine, theirs in zip(self._hashes, prompt_hashes):
+            if mine != theirs:
+                break
+            n_blocks += 1
+        start = n_blocks * BLOCK_LEN
+        # NOTE: hashes only narrow the search; the tokens decide (a collision must not reuse wrong KV)
+        if self._cached_ids[:start] != list(prompt_ids[:start]):
+            start = 0
+        return common_prefix_len(self._cached_ids, prompt_ids, start)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a new request goes: its slot, how many prompt tokens it starts with, and from where."""
+
+    slot: Slot
+    n_keep: int
+    copy_from: Slot | None = None  # copy this slot's KV (the first n_keep tokens) into `slot`
 
 
 class SlotPool:
@@ -57,25 +120,29 @@ class SlotPool:
     def has_free(self) -> bool:
         return any(s.is_free for s in self.slots)
 
-    def pick_for(self, prompt_ids: tuple[int, ...]) -> tuple[Slot, int]:
-        """The free slot sharing the longest cached prefix with the prompt (ties: least recently used).
+    def place(self, prompt_ids: tuple[int, ...]) -> Placement:
+        """Choose a free slot for a prompt, reusing the longest cached prefix found in ANY slot.
 
-        Returns the slot and how many cached tokens it can keep (always < len(prompt), so the
-        last prompt token is decoded again and yields the first logits row)."""
-        best, best_keep = None, -1
-        for slot in self.slots:
-            if not slot.is_free:
-                continue
-            keep = min(common_prefix_len(slot.cached_ids, prompt_ids), len(prompt_ids) - 1)
-            if keep > best_keep or (keep == best_keep and best is not None and slot.last_used < best.last_used):
-                best, best_keep = slot, keep
-        if best is None:
-            raise RuntimeError("pick_for called with no free slot")
-        return best, best_keep
+        A free slot that already holds that prefix is used as is; otherwise the least recently
+        used free slot is overwritten with a copy of the holder's KV. n_keep is always less than
+        the prompt length, so the last prompt token is decoded again and yields logits."""
+        free = [s for s in self.slots if s.is_free]
+        if not free:
+            raise RuntimeError("place() called with no free slot")
+        hashes = block_hashes(prompt_ids)
+        limit = len(prompt_ids) - 1
+        prefix = {s.id: min(s.prefix_len(prompt_ids, hashes), limit) for s in self.slots}
+        own = max(free, key=lambda s: (prefix[s.id], s.n_cached == 0, -s.last_used))
+        holder = max(self.slots, key=lambda s: prefix[s.id])
+        if prefix[holder.id] - prefix[own.id] < MIN_COPY_GAIN:
+            return Placement(own, prefix[own.id])
+        lru = min(free, key=lambda s: (s.n_cached > 0, s.last_used))  # empty slots first, then LRU
+        return Placement(lru, prefix[holder.id], holder)
 
-    def occupy(self, slot: Slot, seq: Sequence) -> None:
+    def occupy(self, slot: Slot, seq: Sequence, n_reused: int) -> None:
         self._clock += 1
         slot.seq, slot.state, slot.last_used, slot.next_token = seq, SlotState.PREFILL, self._clock, None
+        slot.n_prompt, slot.n_prompt_reused = len(seq.prompt_ids), n_reused
 
     def release(self, slot: Slot) -> None:
         self._clock += 1

@@ -14,6 +14,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.kv: dict[int, list[int]] = {}
         self.batches: list[list[tuple[int, list[int], int, int]]] = []
+        self.copies: list[tuple[int, int]] = []
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
         self.batches.append([(r.slot.id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
@@ -33,6 +34,10 @@ class FakeRuntime:
         assert p1 == -1
         del self.kv.setdefault(seq_id, [])[p0:]
         return True
+
+    def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
+        self.kv[dst_seq] = list(self.kv.get(src_seq, []))
+        self.copies.append((src_seq, dst_seq))
 
     # the Vocab protocol
     def token_bytes(self, token_id: int) -> bytes:

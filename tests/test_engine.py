@@ -87,3 +87,64 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(tiny_gguf: Path) -> 
         loaded.close()
     assert a == b
     assert a != c
+
+
+LONG_SYSTEM = "the thin thing in the hat " * 12  # ~100+ tokens of shared prefix
+
+
+def test_kv_copied_from_another_slot_gives_fresh_prefill_logits(tiny_model) -> None:
+    import numpy as np
+
+    from runner.llama import Batch, Context, ContextShape
+
+    ids = tiny_model.tokenize(LONG_SYSTEM + "and more words", add_special=False)
+    n = len(ids) - 1
+    ctx = Context(tiny_model, ContextShape(3, 512, 512, 2, kv_unified=False))
+    batch = Batch(512)
+
+    def decode(seq_id: int, tokens: list[int], pos: int, n_logits: int) -> np.ndarray:
+        batch.clear()
+        batch.add(seq_id, tokens, pos, n_logits)
+        return ctx.decode(batch).copy()
+
+    try:
+        # slot 0 holds the prefix, then tokens of its own (a busy slot that kept generating)
+        decode(0, ids[:n], 0, 0)
+        for i, t in enumerate([5, 6, 7]):
+            decode(0, [t], n + i, 1)
+        ctx.kv_copy(0, 1, -1, -1)
+        ctx.kv_remove(1, n, -1)
+        copied = decode(1, ids[n:], n, 1)[0]  # slot 1 continues from the copied prefix
+        decode(2, ids[:n], 0, 0)  # slot 2 computes the same prefix fresh, in the same batch shapes
+        fresh = decode(2, ids[n:], n, 1)[0]
+        assert ctx.kv_pos_max(1) == ctx.kv_pos_max(2) == len(ids) - 1
+        assert ctx.kv_pos_max(0) == n + 2  # the source is untouched
+    finally:
+        ctx.close()
+    assert np.array_equal(copied, fresh)
+
+
+def test_request_reusing_a_busy_slots_prefix_gives_the_cold_output(tiny_gguf: Path) -> None:
+    cold = load(tiny_gguf, parallel=1, batch=256)
+    try:
+        expected = generate(cold, [LONG_SYSTEM + "zz top"], SamplingParams(temperature=0))[0]
+    finally:
+        cold.close()
+    warm = load(tiny_gguf, parallel=2, batch=256)
+    try:
+        engine = warm.engine
+        busy: list[StreamEvent] = []
+        engine.submit(GenerationRequest("busy", warm.text_prompt_ids(LONG_SYSTEM + "in the beginning"),
+                                        SamplingParams(temperature=0), 60, ignore_eos=True), busy.append)
+        engine.step()
+        engine.step()
+        events: list[StreamEvent] = []
+        engine.submit(GenerationRequest("warm", warm.text_prompt_ids(LONG_SYSTEM + "zz top"),
+                                        SamplingParams(temperature=0), 24, ignore_eos=True), events.append)
+        while engine.has_work:
+            engine.step()
+        assert engine.scheduler.n_copied_prompt_tokens > 64
+    finally:
+        warm.close()
+    assert events[-1].usage.cached_tokens > 64
+    assert [t for e in events for t in e.token_ids] == expected

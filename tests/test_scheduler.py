@@ -140,3 +140,65 @@ def test_eog_token_ends_with_stop_and_is_not_emitted() -> None:
     run_all(engine)
     assert [e.token_ids for e in ev] == [(48,), (49,), ()]
     assert ev[-1].finish_reason is FinishReason.STOP
+
+
+# -- prefix cache across slots ------------------------------------------------------------
+
+def long_prompt(tag: int, n: int = 100) -> list[int]:
+    return [(tag * 7 + i) % 40 + 1 for i in range(n)]
+
+
+def test_prefix_held_by_a_busy_slot_is_copied_into_a_free_one() -> None:
+    engine, rt = make_engine(n_slots=2, n_batch=256)
+    system = long_prompt(1)
+    submit(engine, "busy", system + [45], max_tokens=30)
+    engine.step()
+    engine.step()  # "busy" is generating in slot 0
+    ev = submit(engine, "next", system + [46, 47], max_tokens=2)
+    engine.step()
+    assert rt.copies == [(0, 1)]
+    assert rt.batches[-1][-1] == (1, [46, 47], 100, 1)  # only the new suffix is computed
+    assert engine.scheduler.pool.slots[0].seq.request_id == "busy"  # the source keeps generating
+    run_all(engine)
+    assert ev[-1].usage.cached_tokens == 100
+
+
+def test_short_shared_prefix_is_recomputed_not_copied() -> None:
+    engine, rt = make_engine(n_slots=2)
+    submit(engine, "a", [1, 2, 3, 4, 5, 6], max_tokens=20)
+    engine.step()
+    ev = submit(engine, "b", [1, 2, 3, 4, 9], max_tokens=1)
+    run_all(engine)
+    assert rt.copies == []
+    assert ev[-1].usage.cached_tokens == 0
+
+
+def test_alternating_prefixes_stay_cached_and_lru_idle_prefix_is_evicted_first() -> None:
+    engine, rt = make_engine(n_slots=2, n_batch=256)
+    a, b, c = long_prompt(1), long_prompt(2), long_prompt(3)
+    for prompt, question in [(a, 41), (b, 42), (a, 43), (b, 44)]:
+        ev = submit(engine, f"q{question}", prompt + [question], max_tokens=1)
+        run_all(engine)
+    assert ev[-1].usage.cached_tokens == 100  # both prefixes stayed cached while alternating
+    holders = {tuple(s.cached_ids[:100]): s.id for s in engine.scheduler.pool.slots}
+    assert set(holders) == {tuple(a), tuple(b)}
+    # a third prefix under pressure evicts the least recently used idle one: a (used before b)
+    submit(engine, "c", c + [45], max_tokens=1)
+    run_all(engine)
+    kept = {tuple(s.cached_ids[:100]) for s in engine.scheduler.pool.slots}
+    assert kept == {tuple(b), tuple(c)}
+
+
+def test_block_hashes_never_replace_the_token_check() -> None:
+    from runner.slots import Slot
+
+    slot = Slot(0)
+    slot.append(long_prompt(1, 130))
+    other = tuple(long_prompt(1, 130)[:70] + [0] * 60)
+    from runner.slots import block_hashes
+
+    assert slot.prefix_len(other, block_hashes(other)) == 70
+    slot.truncate(65)
+    assert slot.cached_ids == long_prompt(1, 65)
+    slot.append([5] * 70)
+    assert slot.prefix_len(tuple(slot.cached_ids), block_hashes(slot.cached_ids)) == 135

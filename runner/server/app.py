@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import time
 import uuid
@@ -188,11 +189,7 @@ def create_app(state: ServerState) -> Starlette:
 
     async def slots(request: Request) -> Response:
         _check_auth(state, request)
-        return JSONResponse([
-            {"id": s.id, "state": s.state, "request_id": s.request_id, "n_cached": s.n_cached,
-             "n_generated": s.n_generated}
-            for s in state.engine_thread.slots()
-        ])
+        return JSONResponse([dataclasses.asdict(s) for s in state.engine_thread.slots()])
 
     async def metrics(request: Request) -> Response:
         _check_auth(state, request)

@@ -13,6 +13,8 @@ def render_metrics(engine_thread: EngineThread) -> str:
         ("runner_prompt_tokens_total", "counter", "Prompt tokens computed (prefilled).", stats.n_prompt_tokens),
         ("runner_prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's KV cache.",
          stats.n_cached_prompt_tokens),
+        ("runner_prompt_tokens_copied_total", "counter", "Reused prompt tokens copied from another slot's KV.",
+         engine_thread.engine.scheduler.n_copied_prompt_tokens),
         ("runner_generated_tokens_total", "counter", "Tokens sampled.", stats.n_generated_tokens),
         ("runner_decode_seconds_total", "counter", "Seconds spent in llama_decode.", round(stats.decode_s, 6)),
         ("runner_steps_total", "counter", "Engine steps (one llama_decode each).", stats.n_steps),
