@@ -12,6 +12,7 @@ from runner.request import EventSink, GenerationRequest
 from runner.scheduler import BatchRow, Scheduler
 from runner.sequence import Sequence
 from runner.slots import SlotState
+from runner.speculator import Speculator
 
 
 class Runtime(Protocol):
@@ -30,17 +31,21 @@ class EngineStats:
     n_requests: int = 0
     n_prompt_tokens: int = 0  # prompt tokens computed (not reused)
     n_cached_prompt_tokens: int = 0
-    n_generated_tokens: int = 0
+    n_generated_tokens: int = 0  # sampled by the target, accepted drafts included
     n_steps: int = 0
     decode_s: float = 0.0
 
 
 class Engine:
-    def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab) -> None:
+    def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab,
+                 speculator: Speculator | None = None) -> None:
         self.runtime = runtime
         self.scheduler = scheduler
         self.vocab = vocab
+        self.speculator = speculator
         self.stats = EngineStats()
+        if speculator is not None:
+            scheduler.on_kv_copy = speculator.on_copy
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
         seq = Sequence(request, sink, self.vocab.token_bytes, self.vocab.eog_ids)
@@ -60,6 +65,8 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return 0
+        if self.speculator is not None:
+            self.speculator.draft(plan, self.scheduler.n_batch, self.scheduler.n_ctx_per_slot)
         started = time.perf_counter()
         try:
             logits = self.runtime.decode(plan.rows)
@@ -70,6 +77,9 @@ class Engine:
         self.stats.n_steps += 1
         self._count(plan.rows)
         self.scheduler.postprocess(plan, logits)
+        self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
+        if self.speculator is not None:
+            self.speculator.learn(plan)
         return plan.n_tokens
 
     def _count(self, rows: list[BatchRow]) -> None:
@@ -80,4 +90,3 @@ class Engine:
                 self.stats.n_prompt_tokens += len(row.token_ids)
                 if row.first_pos == seq.n_cached_prompt:  # first chunk: the rest came from the cache
                     self.stats.n_cached_prompt_tokens += seq.n_cached_prompt
-            self.stats.n_generated_tokens += row.n_logits

@@ -247,6 +247,8 @@ class Context:
         NOTE: the view is only valid until the next decode on this context."""
         if batch.n_tokens == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
+        if batch.n_tokens > self.shape.n_batch:  # llama.cpp would abort the process
+            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch {self.shape.n_batch}")
         batch._struct.n_tokens = batch.n_tokens
         rc = _lc.llama_decode(self._ptr, batch._struct)
         if rc != 0:

@@ -14,6 +14,11 @@ from runner.memory_plan import MemoryPlan
 from runner.model_runner import ModelRunner
 from runner.options import EngineOptions
 from runner.scheduler import Scheduler
+from runner import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.catalog import ModelRef
+from runner.drafter import make_drafter
+from runner.speculator import SpecMode, Speculator
+from runner.step_costs import StepCosts, cached_table, calibration_key, measure
 from runner.store import ModelStore
 
 
@@ -61,7 +66,45 @@ class LoadedModel:
         scheduler = Scheduler(
             self.options.parallel, self.options.ctx_size, self.options.batch_size, self.options.max_queue, self.runner
         )
-        self.engine = Engine(self.runner, scheduler, self.model)
+        try:
+            self.speculator = self._speculator(store, ref, shape, log)
+        except BaseException:
+            self.runner.close()
+            self.model.close()
+            raise
+        self.engine = Engine(self.runner, scheduler, self.model, self.speculator)
+
+    def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
+                    log: Callable[[str], None]) -> Speculator | None:
+        """The drafter named by --draft (or the catalog's pairing when --spec asks for one)."""
+        opts = self.options
+        draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
+        mode = SpecMode(opts.spec or ("auto" if draft else "off"))
+        if not draft or mode is SpecMode.OFF:
+            return None
+        target_costs = None
+        if mode is SpecMode.AUTO:
+            key = calibration_key(self.path, opts.threads, opts.n_gpu_layers)
+            target_costs = cached_table(store.root, key, lambda: measure(self.runner.context, 0))
+        if draft == "ngram":
+            drafter = make_drafter("ngram")
+            costs = StepCosts(target_costs) if target_costs else None
+        else:
+            draft_path, draft_ref = store.resolve(draft)
+            read_gguf(draft_path)
+            log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name})")
+            draft_model = Model(draft_path, opts.n_gpu_layers)
+            try:
+                drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
+            except BaseException:
+                draft_model.close()
+                raise
+            costs = None
+            if target_costs:
+                key = calibration_key(draft_path, opts.threads, opts.n_gpu_layers)
+                costs = StepCosts(target_costs, cached_table(store.root, key, lambda: measure(drafter.context, 0)))
+        log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
+        return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs)
 
     def chat_prompt_ids(self, messages: list[Message]) -> tuple[int, ...]:
         """Render the chat template and tokenize it (specials parsed; BOS added only if missing)."""
@@ -74,5 +117,7 @@ class LoadedModel:
         return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
 
     def close(self) -> None:
+        if self.speculator is not None:
+            self.speculator.drafter.close()  # the draft before the target
         self.runner.close()
         self.model.close()

@@ -27,6 +27,10 @@ class EngineOptions:
     n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
     kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=KV_CHOICES)
+    draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
+    draft_max: int = _opt(4, "most tokens drafted per slot and step")
+    spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
+                         "default auto when a drafter is set", choices=("", "auto", "on", "off"))
 
 
 SAMPLING_HELP = {

@@ -25,6 +25,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     n_top_logprobs: int | None = None  # None: no logprobs; 0: only the chosen token's
     ignore_eos: bool = False
+    speculate: bool = True  # False: never draft for this request, whatever the server's --spec
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV was reused instead of computed
+    draft_proposed: int = 0  # speculative decoding: drafted tokens the target verified
+    draft_accepted: int = 0  # of those, how many it kept
 
     @property
     def total_tokens(self) -> int:
@@ -52,6 +55,7 @@ class StreamEvent:
     request_id: str
     text: str
     token_ids: tuple[int, ...] = ()
+    drafted: tuple[bool, ...] = ()  # per token: accepted from a draft (True) or the target's own
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

@@ -110,6 +110,9 @@ class Sampler:
             return int(dist.token_ids[0])
         return self.draw(dist)
 
+    def uniform(self) -> float:
+        return float(self._rng.random())
+
     def draw(self, dist: Distribution) -> int:
         index = int(np.searchsorted(np.cumsum(dist.probs), self._rng.random() * dist.probs.sum(), side="right"))
         return int(dist.token_ids[min(index, len(dist.token_ids) - 1)])

@@ -7,6 +7,7 @@ fake runtime tests it without a model.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from runner.errors import RunnerError
 from runner.request import FinishReason
+from runner.sampling import Distribution
 from runner.sequence import Sequence
 from runner.slots import Slot, SlotPool, SlotState
 
@@ -33,13 +35,23 @@ class KvOps(Protocol):
 
 @dataclass
 class BatchRow:
-    """A run of one slot's tokens in the step's batch; the last n_logits of them output logits."""
+    """A run of one slot's tokens in the step's batch; the last n_logits of them output logits.
+
+    A generating slot's row is its next token plus any drafts to verify (n_logits = 1 + drafts)."""
 
     slot: Slot
     token_ids: list[int]
     first_pos: int
     n_logits: int
     first_logit: int = -1  # output row of the first logits row, set when the batch is built
+    draft_ids: list[int] = field(default_factory=list)
+    draft_dists: list[Distribution | None] = field(default_factory=list)
+    n_accepted: int = 0  # set by postprocess
+
+    def add_drafts(self, draft_ids: list[int], draft_dists: list[Distribution | None]) -> None:
+        self.draft_ids, self.draft_dists = draft_ids, draft_dists
+        self.token_ids = self.token_ids[:1] + draft_ids
+        self.n_logits = 1 + len(draft_ids)
 
 
 @dataclass
@@ -66,6 +78,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self._kv = kv
         self.n_copied_prompt_tokens = 0  # reused prompt tokens that came from another slot's KV
+        self.on_kv_copy: Callable[[int, int], None] | None = None  # e.g. a draft model's KV follows
 
     # -- intake -------------------------------------------------------------------------
     def check_prompt(self, n_prompt: int) -> None:
@@ -127,12 +140,18 @@ class Scheduler:
         for row in plan.rows:
             slot, seq = row.slot, row.slot.seq
             assert seq is not None
-            slot.append(row.token_ids)
             if row.n_logits == 0:
+                slot.append(row.token_ids)
                 continue
             slot.state = SlotState.GENERATING
-            n_ctx_left = self.n_ctx_per_slot - slot.n_cached - 1
-            slot.next_token = seq.take_token(logits[row.first_logit], n_ctx_left)
+            n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
+            n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
+            rows = logits[row.first_logit : row.first_logit + row.n_logits]
+            row.n_accepted, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists, n_ctx_left)
+            n_kept = n_fed + row.n_accepted
+            if n_kept < len(row.token_ids):  # rejected drafts leave the KV
+                self._kv.kv_remove(slot.id, slot.n_cached + n_kept, -1)
+            slot.append(row.token_ids[:n_kept])
             if seq.is_finished:
                 self.pool.release(slot)
 
@@ -175,6 +194,8 @@ class Scheduler:
             slot, n_keep = place.slot, place.n_keep
             if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
                 self._kv.kv_copy_all(place.copy_from.id, slot.id)
+                if self.on_kv_copy is not None:
+                    self.on_kv_copy(place.copy_from.id, slot.id)
                 slot.replace(place.copy_from.cached_ids)
                 self.n_copied_prompt_tokens += n_keep
             if n_keep < slot.n_cached:

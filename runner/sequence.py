@@ -9,7 +9,8 @@ import numpy as np
 
 from runner.detokenizer import Detokenizer
 from runner.request import EventSink, FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
-from runner.sampling import Sampler, top_logprobs
+from runner.sampling import Distribution, Sampler, top_logprobs
+from runner.verification import verify
 
 
 class Sequence:
@@ -27,6 +28,8 @@ class Sequence:
         self.eog_ids = frozenset() if request.ignore_eos else eog_ids
         self.output_ids: list[int] = []
         self.n_cached_prompt = 0  # prompt tokens reused from a slot's cache
+        self.n_draft_proposed = 0
+        self.n_draft_accepted = 0
         self.finish_reason: FinishReason | None = None
         self.is_cancel_requested = False
         self.submitted_s = time.perf_counter()
@@ -45,47 +48,65 @@ class Sequence:
         return self.finish_reason is not None
 
     @property
-    def usage(self) -> Usage:
-        return Usage(len(self.prompt_ids), len(self.output_ids), self.n_cached_prompt)
+    def n_tokens_left(self) -> int:
+        return self.request.max_tokens - len(self.output_ids)
 
-    def take_token(self, logits_row: np.ndarray, n_ctx_left: int) -> int | None:
-        """Sample from one logits row, stream the result; return the token to feed next (None: finished)."""
-        token_id = self.sampler.sample(logits_row)
-        logprob = None
-        if self.request.n_top_logprobs is not None:
-            chosen, top = top_logprobs(logits_row, token_id, self.request.n_top_logprobs)
-            logprob = TokenLogprob(token_id, chosen, tuple(top))
+    @property
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_ids), len(self.output_ids), self.n_cached_prompt,
+                     self.n_draft_proposed, self.n_draft_accepted)
+
+    def take_tokens(
+        self,
+        rows: np.ndarray,
+        draft_ids: list[int],
+        draft_dists: list[Distribution | None],
+        n_ctx_left: int,
+    ) -> tuple[int, int | None]:
+        """Verify drafts on the target's rows (none: plain sampling of one row) and stream the result.
+
+        Returns how many drafts were accepted (they stay in the KV) and the token to feed next
+        (None: the request finished)."""
+        verdict = verify(self.sampler, rows, draft_ids, draft_dists)
+        self.n_draft_proposed += len(draft_ids)
+        self.n_draft_accepted += verdict.n_accepted
         if self.first_token_s is None:
             self.first_token_s = time.perf_counter()
+        for i, token_id in enumerate(verdict.committed_ids):
+            is_draft = i < verdict.n_accepted
+            if not self._commit(token_id, rows[i], is_draft, n_ctx_left - i):
+                return verdict.n_accepted, None
+        return verdict.n_accepted, verdict.committed_ids[-1]
+
+    def _commit(self, token_id: int, row: np.ndarray, is_draft: bool, n_ctx_left: int) -> bool:
+        """Stream one decided token; False when it ends the request."""
+        logprob = None
+        if self.request.n_top_logprobs is not None:
+            chosen, top = top_logprobs(row, token_id, self.request.n_top_logprobs)
+            logprob = TokenLogprob(token_id, chosen, tuple(top))
         if token_id in self.eog_ids:
             self.finish(FinishReason.STOP)
-            return None
-        self.sampler.accept(token_id)
+            return False
+        if not is_draft:  # verify() already recorded accepted drafts
+            self.sampler.accept(token_id)
         self.output_ids.append(token_id)
         text = self.detokenizer.push(token_id)
+        event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), (logprob,) if logprob else ())
         if self.detokenizer.is_stopped:
-            self.finish(FinishReason.STOP, text, (token_id,), logprob)
-            return None
-        if len(self.output_ids) >= self.request.max_tokens or n_ctx_left <= 0:
-            self.finish(FinishReason.LENGTH, text, (token_id,), logprob)
-            return None
-        self.sink(StreamEvent(self.request_id, text, (token_id,), (logprob,) if logprob else ()))
-        return token_id
+            self.finish(FinishReason.STOP, event)
+        elif self.n_tokens_left <= 0 or n_ctx_left <= 0:
+            self.finish(FinishReason.LENGTH, event)
+        else:
+            self.sink(event)
+        return not self.is_finished
 
-    def finish(
-        self,
-        reason: FinishReason,
-        text: str = "",
-        token_ids: tuple[int, ...] = (),
-        logprob: TokenLogprob | None = None,
-        error: str | None = None,
-    ) -> None:
+    def finish(self, reason: FinishReason, last: StreamEvent | None = None, error: str | None = None) -> None:
         if self.is_finished:
             return
         self.finish_reason = reason
-        text += self.detokenizer.flush()  # text held back for a stop string that never came
-        self.sink(
-            StreamEvent(
-                self.request_id, text, token_ids, (logprob,) if logprob else (), reason, self.usage, error
-            )
-        )
+        text = (last.text if last else "") + self.detokenizer.flush()  # text held back for a stop string
+        self.sink(StreamEvent(
+            self.request_id, text,
+            last.token_ids if last else (), last.drafted if last else (), last.logprobs if last else (),
+            reason, self.usage, error,
+        ))

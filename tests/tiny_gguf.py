@@ -28,9 +28,12 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool = True) -> Path:
+def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool = True,
+                    extra_tokens: tuple[str, ...] = (), perturb: float = 0.0) -> Path:
+    """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model."""
     rng = np.random.default_rng(seed)
-    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES]
+    noise = np.random.default_rng(seed + 1000)
+    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens)
     types = [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
     n_vocab, n_head, n_head_kv, n_ff = len(tokens), 4, 2, 128
     head_dim = n_embd // n_head
@@ -59,7 +62,10 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
         w.add_chat_template(CHATML)
 
     def tensor(name: str, *shape: int, scale: float = 0.3) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+        weights = rng.standard_normal(shape) * scale
+        if perturb:
+            weights += noise.standard_normal(shape) * scale * perturb
+        w.add_tensor(name, weights.astype(np.float32))
 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))

@@ -1,0 +1,55 @@
+"""The drafter interface and registry: something that proposes the next tokens of a slot.
+
+A drafter gets one DraftJob per speculating slot and fills in up to `k` proposed tokens,
+with the distribution each was drawn from where it has one (None: a point mass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from runner.sampling import Distribution, SamplingParams
+
+
+@dataclass
+class DraftJob:
+    slot_id: int
+    context_ids: list[int]  # everything committed: prompt + output so far, ending with the token to feed next
+    k: int  # most tokens wanted
+    sampling: SamplingParams
+    request_id: str = ""
+    draft_ids: list[int] = field(default_factory=list)
+    draft_dists: list[Distribution | None] = field(default_factory=list)
+
+
+class Drafter(Protocol):
+    name: str
+    is_free: bool  # proposing costs ~nothing (no model): propose first, decide how many to use after
+
+    def propose(self, jobs: list[DraftJob]) -> None: ...
+
+    def forget(self, slot_id: int, n_keep: int) -> None:
+        """The slot's committed tokens now agree with the drafter's only up to n_keep."""
+        ...
+
+    def close(self) -> None: ...
+
+
+DrafterFactory = Callable[..., Drafter]
+_REGISTRY: dict[str, DrafterFactory] = {}
+
+
+def register_drafter(name: str, factory: DrafterFactory) -> None:
+    """Make `--draft NAME` build this drafter (factory(model=..., n_slots=..., **options))."""
+    _REGISTRY[name] = factory
+
+
+def drafter_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_drafter(name: str, **kwargs: object) -> Drafter | None:
+    factory = _REGISTRY.get(name)
+    return factory(**kwargs) if factory else None

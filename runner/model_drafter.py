@@ -1,0 +1,132 @@
+"""A small draft model proposes tokens for all speculating slots together.
+
+It has its own context with one KV sequence per slot. Each step: one batched decode catches
+every slot up to its committed tokens (and yields the first draft), then one batched decode
+per further draft position. Free order: this drafter's context and model before the target's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from runner.drafter import DraftJob, register_drafter
+from runner.errors import ModelLoadError
+from runner.llama import Batch, Context, ContextShape, Model
+from runner.sampling import Sampler
+
+DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
+
+
+def check_same_vocab(target: Model, draft: Model) -> None:
+    if target.n_vocab != draft.n_vocab:
+        raise ModelLoadError(
+            f"the draft model {draft.path.name} has a different vocabulary ({draft.n_vocab} tokens) "
+            f"from the target {target.path.name} ({target.n_vocab} tokens); pick a draft of the same family"
+        )
+    for token_id in range(target.n_vocab):
+        if target.token_text(token_id) != draft.token_text(token_id):
+            raise ModelLoadError(
+                f"the draft model {draft.path.name} has a different vocabulary from the target "
+                f"{target.path.name} (token {token_id}: {target.token_text(token_id)!r} vs "
+                f"{draft.token_text(token_id)!r}); pick a draft of the same family"
+            )
+
+
+class ModelDrafter:
+    name = "draft-model"
+    is_free = False
+
+    def __init__(self, model: Model, shape: ContextShape) -> None:
+        self.model = model
+        self.context = Context(model, shape)
+        self._batch = Batch(max(shape.n_batch, shape.n_seq * 2))
+        self._cached: dict[int, list[int]] = {}  # per slot: tokens in the draft KV
+        self._samplers: dict[int, tuple[str, Sampler]] = {}  # per slot: (request id, its draft sampler)
+
+    def forget(self, slot_id: int, n_keep: int) -> None:
+        cached = self._cached.get(slot_id)
+        if cached is not None and n_keep < len(cached):
+            self.context.kv_remove(slot_id, n_keep, -1)
+            del cached[n_keep:]
+
+    def propose(self, jobs: list[DraftJob]) -> None:
+        jobs = [j for j in jobs if j.k > 0]
+        if not jobs:
+            return
+        logits = self._catch_up(jobs)
+        live = list(range(len(jobs)))
+        for depth in range(max(j.k for j in jobs)):
+            for row, i in enumerate(live):
+                job = jobs[i]
+                sampler = self._sampler(job)
+                dist = sampler.distribution(logits[row])
+                token = int(dist.token_ids[0]) if len(dist.token_ids) == 1 else sampler.draw(dist)
+                job.draft_ids.append(token)
+                job.draft_dists.append(None if len(dist.token_ids) == 1 else dist)
+            live = [i for i in live if len(jobs[i].draft_ids) < jobs[i].k]
+            if not live:
+                break
+            self._batch.clear()
+            for i in live:  # feed this depth's drafts to get the next depth's logits
+                self._feed(jobs[i].slot_id, [jobs[i].draft_ids[-1]], 1)
+            logits = self.context.decode(self._batch)
+
+    def on_copy(self, src_slot: int, dst_slot: int) -> None:
+        """The target copied a slot's KV into another: the draft's KV follows."""
+        self.context.kv_copy(src_slot, dst_slot, -1, -1)
+        self._cached[dst_slot] = list(self._cached.get(src_slot, []))
+
+    def _catch_up(self, jobs: list[DraftJob]) -> np.ndarray:
+        """Feed each slot the committed tokens its draft KV lacks; one logits row per job."""
+        todo: dict[int, list[int]] = {}
+        for job in jobs:
+            cached = self._cached.setdefault(job.slot_id, [])
+            limit = min(len(cached), len(job.context_ids) - 1)  # the last token is always re-fed
+            n_common = 0
+            while n_common < limit and cached[n_common] == job.context_ids[n_common]:
+                n_common += 1
+            if n_common < len(cached):
+                self.context.kv_remove(job.slot_id, n_common, -1)
+                del cached[n_common:]
+            todo[job.slot_id] = job.context_ids[n_common:]
+        capacity = self._batch.n_tokens_max
+        while sum(len(t) for t in todo.values()) > capacity:  # long catch-ups (a new prompt) go in chunks
+            self._batch.clear()
+            for slot_id, tokens in todo.items():
+                n = min(len(tokens) - 1, capacity - self._batch.n_tokens)
+                if n > 0:
+                    self._feed(slot_id, tokens[:n], 0)
+                    todo[slot_id] = tokens[n:]
+            self.context.decode(self._batch)
+        self._batch.clear()
+        for job in jobs:
+            self._feed(job.slot_id, todo[job.slot_id], 1)
+        return self.context.decode(self._batch)
+
+    def _feed(self, slot_id: int, tokens: list[int], n_logits: int) -> None:
+        cached = self._cached[slot_id]
+        self._batch.add(slot_id, tokens, len(cached), n_logits)
+        cached.extend(tokens)
+
+    def _sampler(self, job: DraftJob) -> Sampler:
+        held = self._samplers.get(job.slot_id)
+        if held is None or held[0] != job.request_id:
+            seed = job.sampling.seed
+            # its own stream, independent of the target's draws (the rejection rule needs that)
+            params = dataclasses.replace(job.sampling, seed=None if seed is None else (seed + DRAFT_SEED_OFFSET) % 2**64)
+            held = self._samplers[job.slot_id] = (job.request_id, Sampler(params))
+        return held[1]
+
+    def close(self) -> None:
+        self.context.close()
+        self.model.close()
+
+
+def _factory(model: Model, target: Model, shape: ContextShape, **_: object) -> ModelDrafter:
+    check_same_vocab(target, model)
+    return ModelDrafter(model, shape)
+
+
+register_drafter("draft-model", _factory)

@@ -1,0 +1,67 @@
+"""Prompt lookup: propose the tokens that followed the latest n-gram the last time it occurred.
+
+No model: when the output copies the input (rewrite, edit, quote, code), the continuation of
+the current suffix is usually already somewhere in the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runner.drafter import DraftJob, register_drafter
+
+NGRAM_MAX = 4
+NGRAM_MIN = 1
+
+
+@dataclass
+class _Index:
+    """For one slot: n-gram -> the position right after its latest occurrence."""
+
+    n_indexed: int = 0  # tokens of the context already indexed
+    after: dict[tuple[int, ...], int] = field(default_factory=dict)
+    ids: list[int] = field(default_factory=list)
+
+
+class NgramDrafter:
+    name = "ngram"
+    is_free = True
+
+    def __init__(self, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN, **_: object) -> None:
+        self.n_max, self.n_min = n_max, n_min
+        self._indexes: dict[int, _Index] = {}
+
+    def _index(self, slot_id: int, context: list[int]) -> _Index:
+        index = self._indexes.get(slot_id)
+        if index is None or context[: index.n_indexed] != index.ids[: index.n_indexed]:
+            index = self._indexes[slot_id] = _Index()
+        index.ids = context
+        # index every n-gram that ends before the last token (the suffix we look up must not find itself)
+        for end in range(max(index.n_indexed, self.n_min), len(context)):
+            for n in range(self.n_min, self.n_max + 1):
+                if end - n >= 0:
+                    index.after[tuple(context[end - n : end])] = end
+        index.n_indexed = max(index.n_indexed, len(context) - 1)
+        return index
+
+    def propose(self, jobs: list[DraftJob]) -> None:
+        for job in jobs:
+            ctx = job.context_ids
+            index = self._index(job.slot_id, ctx)
+            for n in range(min(self.n_max, len(ctx)), self.n_min - 1, -1):
+                start = index.after.get(tuple(ctx[-n:]))
+                if start is not None and start < len(ctx):
+                    job.draft_ids = ctx[start : start + job.k]
+                    job.draft_dists = [None] * len(job.draft_ids)
+                    break
+
+    def forget(self, slot_id: int, n_keep: int) -> None:
+        index = self._indexes.get(slot_id)
+        if index is not None and n_keep < index.n_indexed:
+            del self._indexes[slot_id]  # rebuilt on the next proposal
+
+    def close(self) -> None:
+        self._indexes.clear()
+
+
+register_drafter("ngram", lambda **kw: NgramDrafter(**kw))

@@ -1,0 +1,189 @@
+"""Per step, per slot: how many tokens to draft, the drafts themselves, and what was learned.
+
+Modes: `on` drafts up to k_max for every generating slot; `auto` picks k per slot to maximize
+expected generated tokens per second of step time, from the measured step costs (StepCosts)
+and each request's acceptance estimate by draft position; `off` never drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from runner.drafter import DraftJob, Drafter
+from runner.scheduler import BatchPlan, BatchRow
+from runner.slots import SlotState
+from runner.step_costs import StepCosts
+
+PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
+PRIOR_ACCEPT = 0.6
+EXPLORE_EVERY = 16  # auto: a slot drafted for no profit still drafts 1 token this often, to keep learning
+
+
+class SpecMode(str, Enum):
+    OFF = "off"
+    ON = "on"
+    AUTO = "auto"
+
+
+@dataclass
+class Acceptance:
+    """Accepted/proposed counts by draft position (1-based) for one request, or a drafter overall."""
+
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def record(self, n_proposed: int, n_accepted: int) -> None:
+        while len(self.proposed) < n_proposed:
+            self.proposed.append(0)
+            self.accepted.append(0)
+        for i in range(n_proposed):
+            self.proposed[i] += 1
+            self.accepted[i] += 1 if i < n_accepted else 0
+
+    def rate(self, position: int, prior: float) -> float:
+        """P(draft at `position` accepted | all before it accepted), smoothed toward the prior."""
+        i = position - 1
+        seen = self.proposed[i] if i < len(self.proposed) else 0
+        ok = self.accepted[i] if i < len(self.accepted) else 0
+        return (ok + prior * PRIOR_WEIGHT) / (seen + PRIOR_WEIGHT)
+
+    @property
+    def overall(self) -> float:
+        total = sum(self.proposed)
+        return sum(self.accepted) / total if total else 0.0
+
+
+@dataclass
+class SlotSpec:
+    request_id: str | None = None
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    k: int = 0  # drafts chosen for the current step
+    n_idle_steps: int = 0  # steps since it last drafted
+
+
+class Speculator:
+    def __init__(self, drafter: Drafter, mode: SpecMode, k_max: int, n_slots: int, costs: StepCosts | None) -> None:
+        self.drafter = drafter
+        self.mode = mode
+        self.k_max = k_max
+        self.costs = costs
+        self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
+        self.slots = [SlotSpec() for _ in range(n_slots)]
+        self.n_proposed = 0
+        self.n_accepted = 0
+
+    def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
+        """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
+        if self.mode is SpecMode.OFF:
+            return
+        rows = [r for r in plan.rows
+                if r.slot.state is SlotState.GENERATING and r.slot.seq is not None and r.slot.seq.request.speculate]
+        room = n_batch - plan.n_tokens
+        caps = {}
+        for row in rows:
+            seq = row.slot.seq
+            assert seq is not None
+            spec = self._spec_for(row)
+            # a draft never pushes past max_tokens or the slot's context
+            cap = min(self.k_max, seq.n_tokens_left - 1, n_ctx_per_slot - row.slot.n_cached - 2)
+            caps[row.slot.id] = max(0, cap)
+            spec.k = 0
+        if not rows or room <= 0:
+            return
+        if self.drafter.is_free:  # propose everything, then keep what pays
+            jobs = self._jobs(rows, caps)
+            self.drafter.propose(jobs)
+            found = {j.slot_id: len(j.draft_ids) for j in jobs}
+            ks = self._choose(plan, rows, found, room)
+            for row, job in zip(rows, jobs):
+                k = ks[row.slot.id]
+                row.add_drafts(job.draft_ids[:k], job.draft_dists[:k])
+        else:  # drafting costs: decide first, then draft only that much
+            ks = self._choose(plan, rows, caps, room)
+            jobs = self._jobs(rows, ks)
+            self.drafter.propose([j for j in jobs if j.k > 0])
+            for row, job in zip(rows, jobs):
+                row.add_drafts(job.draft_ids[: job.k], job.draft_dists[: job.k])
+        for row in rows:
+            self.slots[row.slot.id].k = len(row.draft_ids)
+
+    def learn(self, plan: BatchPlan) -> None:
+        """After verification: record acceptance by position for the request and the drafter."""
+        for row in plan.rows:
+            spec = self.slots[row.slot.id]
+            if row.draft_ids:
+                spec.acceptance.record(len(row.draft_ids), row.n_accepted)
+                self.overall.record(len(row.draft_ids), row.n_accepted)
+                self.n_proposed += len(row.draft_ids)
+                self.n_accepted += row.n_accepted
+                spec.n_idle_steps = 0
+            elif row.n_logits:
+                spec.n_idle_steps += 1
+
+    def on_copy(self, src_slot: int, dst_slot: int) -> None:
+        hook = getattr(self.drafter, "on_copy", None)
+        if hook is not None:
+            hook(src_slot, dst_slot)
+
+    # -- internals ------------------------------------------------------------------------
+    def _spec_for(self, row: BatchRow) -> SlotSpec:
+        spec = self.slots[row.slot.id]
+        request_id = row.slot.seq.request_id if row.slot.seq else None
+        if spec.request_id != request_id:
+            self.slots[row.slot.id] = spec = SlotSpec(request_id)
+        return spec
+
+    def _jobs(self, rows: list[BatchRow], ks: dict[int, int]) -> list[DraftJob]:
+        jobs = []
+        for row in rows:
+            seq = row.slot.seq
+            assert seq is not None and row.slot.next_token is not None
+            context = row.slot.cached_ids + [row.slot.next_token]
+            jobs.append(DraftJob(row.slot.id, context, ks[row.slot.id], seq.request.sampling, seq.request_id))
+        return jobs
+
+    def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
+        ks = {r.slot.id: 0 for r in rows}
+        if self.mode is SpecMode.ON or self.costs is None:
+            left = room
+            for r in rows:
+                ks[r.slot.id] = min(caps[r.slot.id], left)
+                left -= ks[r.slot.id]
+            return ks
+        prior = self.overall.overall if sum(self.overall.proposed) >= 8 else PRIOR_ACCEPT
+        # marginal expected tokens of each further draft position, per slot (a decreasing product)
+        gains: dict[int, list[float]] = {}
+        for r in rows:
+            acc, p, g = self.slots[r.slot.id].acceptance, 1.0, []
+            for pos in range(1, caps[r.slot.id] + 1):
+                p *= acc.rate(pos, prior)
+                g.append(p)
+            gains[r.slot.id] = g
+        base_tokens = plan.n_tokens
+        expected = float(len(rows))
+        n_drafts = 0
+        best_rate = expected / self.costs.step_s(base_tokens, [])
+        while n_drafts < room:
+            pick, pick_rate = None, best_rate
+            for sid, g in gains.items():
+                k = ks[sid]
+                if k >= len(g):
+                    continue
+                trial = dict(ks)
+                trial[sid] = k + 1
+                rate = (expected + g[k]) / self.costs.step_s(base_tokens + n_drafts + 1, list(trial.values()))
+                if rate > pick_rate:
+                    pick, pick_rate = sid, rate
+            if pick is None:
+                break
+            expected += gains[pick][ks[pick]]
+            ks[pick] += 1
+            n_drafts += 1
+            best_rate = pick_rate
+        for r in rows:  # keep learning where drafting looked unprofitable
+            spec = self.slots[r.slot.id]
+            if ks[r.slot.id] == 0 and caps[r.slot.id] > 0 and spec.n_idle_steps >= EXPLORE_EVERY and n_drafts < room:
+                ks[r.slot.id] = 1
+                n_drafts += 1
+        return ks

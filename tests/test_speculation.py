@@ -1,0 +1,170 @@
+"""Speculative decoding in the engine on tiny models: lossless, KV-consistent, vocab-checked."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runner.errors import ModelLoadError
+from runner.loaded_model import LoadedModel
+from runner.options import EngineOptions
+from runner.request import GenerationRequest, StreamEvent
+from runner.sampling import SamplingParams
+from tiny_gguf import write_tiny_gguf
+
+PROMPTS = [f"{w} the {x} in the {y}" for w in ("hello", "a b c", "the thin") for x in ("hat", "tree", "sea")
+           for y in ("world", "thing", "end")][:24]
+
+
+@pytest.fixture(scope="module")
+def same_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("d") / "same.gguf", seed=0)  # the target's twin: accepts a lot
+
+
+@pytest.fixture(scope="module")
+def near_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("d") / "near.gguf", seed=0, perturb=0.1)  # agrees partly
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("d") / "other.gguf", seed=1)  # disagrees often
+
+
+def load(path: Path, parallel: int, **spec: object) -> LoadedModel:
+    opts = EngineOptions(parallel=parallel, ctx_size=256, batch_size=128, threads=2, **spec)
+    return LoadedModel(path, opts, log=lambda _: None)
+
+
+def run(loaded: LoadedModel, prompts: list[str], sampling: SamplingParams, max_tokens: int,
+        speculate: list[bool] | None = None) -> list[list[StreamEvent]]:
+    out: list[list[StreamEvent]] = []
+    for i, text in enumerate(prompts):
+        events: list[StreamEvent] = []
+        loaded.engine.submit(GenerationRequest(f"r{i}", loaded.text_prompt_ids(text), sampling, max_tokens,
+                                               ignore_eos=True, speculate=speculate[i] if speculate else True),
+                             events.append)
+        out.append(events)
+    while loaded.engine.has_work:
+        loaded.engine.step()
+    return out
+
+
+def tokens(events: list[StreamEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_gguf: Path) -> dict[int, list[list[int]]]:
+    loaded = load(tiny_gguf, 1)
+    try:
+        return {n: [tokens(r) for r in run(loaded, PROMPTS, SamplingParams(temperature=0), n)] for n in (7, 33)}
+    finally:
+        loaded.close()
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+@pytest.mark.parametrize("drafter", ["ngram", "same", "other"])
+def test_greedy_output_is_identical_to_plain_decoding(tiny_gguf: Path, same_draft: Path, other_draft: Path,
+                                                       plain: dict[int, list[list[int]]], drafter: str,
+                                                       parallel: int) -> None:
+    draft = {"ngram": "ngram", "same": str(same_draft), "other": str(other_draft)}[drafter]
+    loaded = load(tiny_gguf, parallel, draft=draft, spec="on", draft_max=4)
+    try:
+        for n in (7, 33):
+            mixed = [i % 3 != 2 for i in range(len(PROMPTS))]  # every third request does not speculate
+            results = run(loaded, PROMPTS, SamplingParams(temperature=0), n, mixed)
+            assert [tokens(r) for r in results] == plain[n]
+            usage = [r[-1].usage for r in results]
+            assert all(u.draft_proposed == 0 for u, m in zip(usage, mixed) if not m)
+            assert sum(u.draft_proposed for u in usage) > 0
+            accepted = sum(u.draft_accepted for u in usage)
+            assert accepted == sum(d for r in results for e in r for d in e.drafted)
+            if drafter == "same":
+                assert accepted > 0.9 * sum(u.draft_proposed for u in usage)
+    finally:
+        loaded.close()
+
+
+def chi2_critical(df: int, z: float = 2.326) -> float:
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_output_distribution_matches_plain_sampling(tiny_gguf: Path, near_draft: Path) -> None:
+    params = dict(temperature=2.5, top_k=4, top_p=1.0, min_p=0.0)  # flat enough that drafts get rejected
+    n_seeds = 400
+
+    def pairs(loaded: LoadedModel) -> Counter:
+        results = run(loaded, ["the thin"] * n_seeds, SamplingParams(**params), 3)
+        # the first token comes from the prompt's row; tokens 2-3 pass through verification when drafting
+        return Counter(tuple(tokens(r)[1:3]) for r in results)
+
+    plain_loaded = load(tiny_gguf, 8)
+    spec_loaded = load(tiny_gguf, 8, draft=str(near_draft), spec="on", draft_max=3)
+    try:
+        for loaded in (plain_loaded, spec_loaded):
+            for i, slot in enumerate(loaded.engine.scheduler.pool.slots):
+                slot.last_used = i
+        a, b = pairs(plain_loaded), pairs(spec_loaded)
+        spec = spec_loaded.speculator
+        assert 0.1 * spec.n_proposed < spec.n_accepted < 0.9 * spec.n_proposed  # both accepts and rejections
+    finally:
+        plain_loaded.close()
+        spec_loaded.close()
+    cats = [c for c in set(a) | set(b) if a[c] + b[c] >= 10]
+    rest = ("rest",)
+    ca = {c: a[c] for c in cats} | {rest: sum(v for k, v in a.items() if k not in cats)}
+    cb = {c: b[c] for c in cats} | {rest: sum(v for k, v in b.items() if k not in cats)}
+    chi2 = 0.0
+    for c in ca:
+        total = ca[c] + cb[c]
+        if total:
+            for obs in (ca[c], cb[c]):
+                chi2 += (obs - total / 2) ** 2 / (total / 2)
+    assert chi2 < chi2_critical(len(ca) - 1), (a.most_common(8), b.most_common(8))
+
+
+def test_kv_after_many_accept_reject_cycles_equals_a_fresh_prefill(tiny_gguf: Path, other_draft: Path) -> None:
+    loaded = load(tiny_gguf, 2, draft=str(other_draft), spec="on", draft_max=4)
+    try:
+        results = run(loaded, PROMPTS[:2], SamplingParams(temperature=0), 120)
+        assert all(r[-1].usage.draft_accepted > 0 for r in results)
+        assert all(r[-1].usage.draft_accepted < r[-1].usage.draft_proposed for r in results)
+        slot = loaded.engine.scheduler.pool.slots[0]
+        ctx = loaded.runner.context
+        assert ctx.kv_pos_max(slot.id) == slot.n_cached - 1
+        from runner.llama import Batch
+
+        batch = Batch(128)
+        batch.add(slot.id, [7], slot.n_cached, 1)
+        after_cycles = ctx.decode(batch)[0].copy()
+        ctx.kv_remove(1, 0, -1)
+        fresh_ids = slot.cached_ids + [7]
+        for start in range(0, len(fresh_ids), 128):  # a fresh prefill of the same tokens in slot 1
+            chunk = fresh_ids[start : start + 128]
+            batch.clear()
+            batch.add(1, chunk, start, 1 if start + len(chunk) == len(fresh_ids) else 0)
+            logits = ctx.decode(batch)
+        fresh = logits[0].copy()
+    finally:
+        loaded.close()
+    assert int(np.argmax(after_cycles)) == int(np.argmax(fresh))
+    assert np.abs(after_cycles - fresh).max() < 0.1  # same KV; only batch-shape rounding differs
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    odd = write_tiny_gguf(tmp_path / "odd.gguf", extra_tokens=("zzz",))
+    with pytest.raises(ModelLoadError, match=r"different vocabulary \(265 tokens\) from the target .* \(264 tokens\)"):
+        load(tiny_gguf, 1, draft=str(odd), spec="on")
+
+
+def test_spec_off_ignores_the_drafter(tiny_gguf: Path) -> None:
+    loaded = load(tiny_gguf, 1, draft="ngram", spec="off")
+    try:
+        assert loaded.speculator is None
+    finally:
+        loaded.close()
