@@ -24,12 +24,14 @@ class ReplyStats:
     elapsed_s: float
     ttft_s: float | None
     was_stopped: bool
+    n_drafted: int = 0  # tokens of the reply accepted from speculative drafts
 
     def line(self) -> str:
         rate = self.n_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
         ttft = f"{self.ttft_s * 1000:.0f} ms" if self.ttft_s is not None else "n/a"
         stopped = ", stopped" if self.was_stopped else ""
-        return f"[{self.n_tokens} tokens, {rate:.1f} tok/s, first token {ttft}{stopped}]"
+        drafted = f", {self.n_drafted} from drafts ({self.n_drafted / self.n_tokens:.0%})" if self.n_drafted else ""
+        return f"[{self.n_tokens} tokens, {rate:.1f} tok/s, first token {ttft}{drafted}{stopped}]"
 
 
 @dataclass
@@ -63,20 +65,21 @@ def stream_reply(runner: Runner, messages: list[Message], out: TextIO, **kwargs:
     started = time.perf_counter()
     parts: list[str] = []
     ttft: float | None = None
-    n_tokens = 0
+    n_tokens = n_drafted = 0
     with _StopFlag() as stop:
         events = runner.stream_chat(messages, **kwargs)
         for event in events:
             if event.token_ids and ttft is None:
                 ttft = time.perf_counter() - started
             n_tokens += len(event.token_ids)
+            n_drafted += sum(event.drafted)
             parts.append(event.text)
             out.write(event.text)
             out.flush()
             if stop.is_set:
                 events.close()  # cancels the request and frees its slot
                 break
-    return "".join(parts), ReplyStats(n_tokens, time.perf_counter() - started, ttft, stop.is_set)
+    return "".join(parts), ReplyStats(n_tokens, time.perf_counter() - started, ttft, stop.is_set, n_drafted)
 
 
 def read_user_input(prompt: str = ">>> ") -> str:

@@ -26,6 +26,8 @@ class SlotView:
     n_generated: int
     n_prompt: int
     n_prompt_reused: int
+    draft_k: int  # drafts verified in this slot's last step
+    draft_acceptance: float | None  # accepted / proposed for the current (or last) request
 
 
 class EngineThread:
@@ -62,11 +64,16 @@ class EngineThread:
 
     def slots(self) -> list[SlotView]:
         views = []
+        speculator = self.engine.speculator
         for slot in self.engine.scheduler.pool.slots:
             seq = slot.seq  # read once: the engine thread may release it meanwhile
+            spec = speculator.slots[slot.id] if speculator else None
+            proposed = sum(spec.acceptance.proposed) if spec else 0
             views.append(
                 SlotView(slot.id, slot.state.value, seq.request_id if seq else None, slot.n_cached,
-                         len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused)
+                         len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused,
+                         spec.k if spec else 0,
+                         round(sum(spec.acceptance.accepted) / proposed, 4) if spec and proposed else None)
             )
         return views
 

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.model
 PROMPT = ">>> "
-STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token \d+ ms(, stopped)?\]")
+STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token \d+ ms(?:, \d+ from drafts \(\d+%\))?(, stopped)?\]")
 
 
 @pytest.fixture

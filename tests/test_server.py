@@ -202,7 +202,8 @@ def test_slots_and_metrics_shape(server: ServerProcess, client: openai.OpenAI) -
     ask(client, QUESTIONS[3], 4)
     slots = server.get("/slots").json()
     assert [s["id"] for s in slots] == [0, 1, 2, 3]
-    assert set(slots[0]) == {"id", "state", "request_id", "n_cached", "n_generated", "n_prompt", "n_prompt_reused"}
+    assert set(slots[0]) == {"id", "state", "request_id", "n_cached", "n_generated", "n_prompt", "n_prompt_reused",
+                             "draft_k", "draft_acceptance"}
     assert max(s["n_cached"] for s in slots) > 0
     text = server.get("/metrics").text
     for name in ("runner_requests_total", "runner_prompt_tokens_total", "runner_generated_tokens_total",

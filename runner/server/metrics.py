@@ -22,7 +22,17 @@ def render_metrics(engine_thread: EngineThread) -> str:
         ("runner_slots_busy", "gauge", "Slots holding a request.", sum(1 for s in slots if s.state != "idle")),
         ("runner_slots_total", "gauge", "KV slots (--parallel).", len(slots)),
     ]
+    speculator = engine_thread.engine.speculator
+    if speculator is not None:
+        label = f'{{drafter="{speculator.drafter.name}"}}'
+        rows += [
+            ("runner_draft_tokens_proposed_total", "counter", "Drafted tokens verified by the target.",
+             label, speculator.n_proposed),
+            ("runner_draft_tokens_accepted_total", "counter", "Drafted tokens the target kept.",
+             label, speculator.n_accepted),
+        ]
     lines = []
-    for name, kind, help_text, value in rows:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    for name, kind, help_text, *value in rows:
+        labels, number = (value[0], value[1]) if len(value) == 2 else ("", value[0])
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {number}"]
     return "\n".join(lines) + "\n"

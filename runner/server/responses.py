@@ -19,6 +19,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # extensions: speculative decoding's drafted tokens verified, and kept
+        "draft_tokens_proposed": usage.draft_proposed,
+        "draft_tokens_accepted": usage.draft_accepted,
     }
 
 
@@ -123,6 +126,8 @@ class ResponseBuilder:
             logprobs = {"content": self.chat_logprobs[n_before:]} if self.wants_logprobs else None
             delta = {"content": event.text} if event.text or reason is None else {}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            if event.drafted:  # extension: per token of this chunk, accepted from a draft or not
+                choice["drafted"] = list(event.drafted)
         else:
             lp = self.completion_logprobs
             logprobs = (
@@ -131,6 +136,8 @@ class ResponseBuilder:
                 if self.wants_logprobs else None
             )
             choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+            if event.drafted:
+                choice["drafted"] = list(event.drafted)
         return self._envelope([choice], chunk=True)
 
     def usage_chunk(self) -> dict[str, Any]:
