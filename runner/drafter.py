@@ -30,6 +30,10 @@ class Drafter(Protocol):
 
     def propose(self, jobs: list[DraftJob]) -> None: ...
 
+    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        """Tokens the drafter would have to process before drafting for this slot (0: none)."""
+        ...
+
     def forget(self, slot_id: int, n_keep: int) -> None:
         """The slot's committed tokens now agree with the drafter's only up to n_keep."""
         ...

@@ -73,6 +73,14 @@ class ModelDrafter:
                 self._feed(jobs[i].slot_id, [jobs[i].draft_ids[-1]], 1)
             logits = self.context.decode(self._batch)
 
+    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        cached = self._cached.get(slot_id, [])
+        limit = min(len(cached), len(context_ids) - 1)
+        n_common = 0
+        while n_common < limit and cached[n_common] == context_ids[n_common]:
+            n_common += 1
+        return len(context_ids) - n_common
+
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         """The target copied a slot's KV into another: the draft's KV follows."""
         self.context.kv_copy(src_slot, dst_slot, -1, -1)

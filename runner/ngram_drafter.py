@@ -55,6 +55,9 @@ class NgramDrafter:
                     job.draft_dists = [None] * len(job.draft_ids)
                     break
 
+    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        return 0
+
     def forget(self, slot_id: int, n_keep: int) -> None:
         index = self._indexes.get(slot_id)
         if index is not None and n_keep < index.n_indexed:

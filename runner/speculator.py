@@ -17,7 +17,7 @@ from runner.step_costs import StepCosts
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6
-EXPLORE_EVERY = 16  # auto: a slot drafted for no profit still drafts 1 token this often, to keep learning
+EXPLORE_EVERY = 16  # auto, free drafters: a slot not drafting still drafts 1 token this often, to keep learning
 
 
 class SpecMode(str, Enum):
@@ -72,6 +72,7 @@ class Speculator:
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_proposed = 0
         self.n_accepted = 0
+        self.n_runs = 0  # verified draft runs (rows that carried drafts)
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
@@ -117,6 +118,7 @@ class Speculator:
                 self.overall.record(len(row.draft_ids), row.n_accepted)
                 self.n_proposed += len(row.draft_ids)
                 self.n_accepted += row.n_accepted
+                self.n_runs += 1
                 spec.n_idle_steps = 0
             elif row.n_logits:
                 spec.n_idle_steps += 1
@@ -163,6 +165,10 @@ class Speculator:
         base_tokens = plan.n_tokens
         expected = float(len(rows))
         n_drafts = 0
+        order = [r.slot.id for r in rows]
+        catch_up = [0] * len(rows)
+        if not self.drafter.is_free:  # a draft model must first read what it missed (a new prompt: all of it)
+            catch_up = [self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token]) for r in rows]
         best_rate = expected / self.costs.step_s(base_tokens, [])
         while n_drafts < room:
             pick, pick_rate = None, best_rate
@@ -172,7 +178,8 @@ class Speculator:
                     continue
                 trial = dict(ks)
                 trial[sid] = k + 1
-                rate = (expected + g[k]) / self.costs.step_s(base_tokens + n_drafts + 1, list(trial.values()))
+                cost = self.costs.step_s(base_tokens + n_drafts + 1, [trial[i] for i in order], catch_up)
+                rate = (expected + g[k]) / cost
                 if rate > pick_rate:
                     pick, pick_rate = sid, rate
             if pick is None:
@@ -181,9 +188,10 @@ class Speculator:
             ks[pick] += 1
             n_drafts += 1
             best_rate = pick_rate
-        for r in rows:  # keep learning where drafting looked unprofitable
-            spec = self.slots[r.slot.id]
-            if ks[r.slot.id] == 0 and caps[r.slot.id] > 0 and spec.n_idle_steps >= EXPLORE_EVERY and n_drafts < room:
-                ks[r.slot.id] = 1
-                n_drafts += 1
+        if self.drafter.is_free:  # keep learning where drafting looked unprofitable (cheap: no model to run)
+            for r in rows:
+                spec = self.slots[r.slot.id]
+                if ks[r.slot.id] == 0 and caps[r.slot.id] > 0 and spec.n_idle_steps >= EXPLORE_EVERY and n_drafts < room:
+                    ks[r.slot.id] = 1
+                    n_drafts += 1
         return ks

@@ -47,13 +47,16 @@ class StepCosts:
     target: CostTable
     draft: CostTable | None = None  # None: drafting is free (n-gram)
 
-    def step_s(self, n_target_tokens: int, ks: list[int]) -> float:
-        """Time of one step: the target batch plus one draft decode per draft depth."""
+    def step_s(self, n_target_tokens: int, ks: list[int], catch_up: list[int] | None = None) -> float:
+        """Time of one step: the target batch plus one draft decode per draft depth.
+
+        catch_up[i]: committed tokens slot i's draft KV lacks (fed in the first draft decode)."""
         total = self.target(n_target_tokens)
         if self.draft is not None:
             for depth in range(1, max(ks, default=0) + 1):
-                n_slots = sum(1 for k in ks if k >= depth)
-                total += self.draft(2 * n_slots if depth == 1 else n_slots)  # depth 1 also catches up
+                drafting = [i for i, k in enumerate(ks) if k >= depth]
+                n_tokens = sum(catch_up[i] for i in drafting) if catch_up and depth == 1 else len(drafting)
+                total += self.draft(n_tokens)
         return total
 
 

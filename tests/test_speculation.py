@@ -168,3 +168,30 @@ def test_spec_off_ignores_the_drafter(tiny_gguf: Path) -> None:
         assert loaded.speculator is None
     finally:
         loaded.close()
+
+
+def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None:
+    from fake_runtime import FakeRuntime
+    from runner.engine import Engine
+    from runner.ngram_drafter import NgramDrafter
+    from runner.scheduler import Scheduler
+    from runner.speculator import SpecMode, Speculator
+    from runner.step_costs import CostTable, StepCosts
+
+    def auto_ks(table: CostTable) -> list[int]:
+        rt = FakeRuntime()
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(table))
+        engine = Engine(rt, Scheduler(1, 256, 64, 4, rt), rt, spec)
+        # the fake model counts up, so a prompt that already counted up makes n-gram drafts that match
+        engine.submit(GenerationRequest("a", tuple(list(range(1, 30)) + list(range(1, 5))), SamplingParams(temperature=0),
+                                        20), lambda e: None)
+        ks = []
+        while engine.has_work:
+            engine.step()
+            ks.append(spec.slots[0].k)
+        return ks
+
+    flat = auto_ks(CostTable((1, 64), (0.010, 0.011)))  # verifying 5 tokens costs about one: draft all
+    assert max(flat) == 4
+    linear = auto_ks(CostTable((1, 64), (0.010, 0.640)))  # k tokens cost k times one: never pays
+    assert max(linear) <= 1 and sum(linear) <= 2  # at most the exploration probe
