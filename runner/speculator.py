@@ -17,7 +17,7 @@ from runner.step_costs import StepCosts
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6
-EXPLORE_EVERY = 16  # auto, free drafters: a slot not drafting still drafts 1 token this often, to keep learning
+EXPLORE_EVERY = 32  # auto, free drafters: when nothing drafts, every slot probes 1 token this often
 
 
 class SpecMode(str, Enum):
@@ -59,7 +59,6 @@ class SlotSpec:
     request_id: str | None = None
     acceptance: Acceptance = field(default_factory=Acceptance)
     k: int = 0  # drafts chosen for the current step
-    n_idle_steps: int = 0  # steps since it last drafted
 
 
 class Speculator:
@@ -73,6 +72,7 @@ class Speculator:
         self.n_proposed = 0
         self.n_accepted = 0
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
+        self._n_steps = 0
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
@@ -119,9 +119,6 @@ class Speculator:
                 self.n_proposed += len(row.draft_ids)
                 self.n_accepted += row.n_accepted
                 self.n_runs += 1
-                spec.n_idle_steps = 0
-            elif row.n_logits:
-                spec.n_idle_steps += 1
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         hook = getattr(self.drafter, "on_copy", None)
@@ -146,14 +143,23 @@ class Speculator:
         return jobs
 
     def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
-        ks = {r.slot.id: 0 for r in rows}
         if self.mode is SpecMode.ON or self.costs is None:
-            left = room
+            ks, left = {}, room
             for r in rows:
                 ks[r.slot.id] = min(caps[r.slot.id], left)
                 left -= ks[r.slot.id]
             return ks
+        return self._choose_auto(plan, rows, caps, room)
+
+    def _choose_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
+        """The ks with the most expected tokens per second of step time.
+
+        Candidates: the same k for every slot (equal rows keep the batch in one micro-batch),
+        and a greedy per-slot search from the best of those."""
+        costs = self.costs
+        assert costs is not None
         prior = self.overall.overall if sum(self.overall.proposed) >= 8 else PRIOR_ACCEPT
+        order = [r.slot.id for r in rows]
         # marginal expected tokens of each further draft position, per slot (a decreasing product)
         gains: dict[int, list[float]] = {}
         for r in rows:
@@ -162,36 +168,38 @@ class Speculator:
                 p *= acc.rate(pos, prior)
                 g.append(p)
             gains[r.slot.id] = g
-        base_tokens = plan.n_tokens
-        expected = float(len(rows))
-        n_drafts = 0
-        order = [r.slot.id for r in rows]
+        drafting = {id(r) for r in rows}
+        other_rows = [len(r.token_ids) for r in plan.rows if id(r) not in drafting]
         catch_up = [0] * len(rows)
         if not self.drafter.is_free:  # a draft model must first read what it missed (a new prompt: all of it)
             catch_up = [self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token]) for r in rows]
-        best_rate = expected / self.costs.step_s(base_tokens, [])
-        while n_drafts < room:
+
+        def rate(ks: dict[int, int]) -> float:
+            expected = sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
+            lens = other_rows + [1 + ks[sid] for sid in order]
+            return expected / costs.step_s(lens, [ks[sid] for sid in order], catch_up)
+
+        best = {sid: 0 for sid in order}
+        best_rate = rate(best)
+        for k in range(1, self.k_max + 1):
+            trial = {sid: min(k, len(gains[sid])) for sid in order}
+            if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
+                best, best_rate = trial, r
+        while sum(best.values()) < room:  # then per slot, one draft at a time
             pick, pick_rate = None, best_rate
-            for sid, g in gains.items():
-                k = ks[sid]
-                if k >= len(g):
-                    continue
-                trial = dict(ks)
-                trial[sid] = k + 1
-                cost = self.costs.step_s(base_tokens + n_drafts + 1, [trial[i] for i in order], catch_up)
-                rate = (expected + g[k]) / cost
-                if rate > pick_rate:
-                    pick, pick_rate = sid, rate
+            for sid in order:
+                if best[sid] < len(gains[sid]):
+                    trial = {**best, sid: best[sid] + 1}
+                    if (r := rate(trial)) > pick_rate:
+                        pick, pick_rate = sid, r
             if pick is None:
                 break
-            expected += gains[pick][ks[pick]]
-            ks[pick] += 1
-            n_drafts += 1
+            best[pick] += 1
             best_rate = pick_rate
-        if self.drafter.is_free:  # keep learning where drafting looked unprofitable (cheap: no model to run)
-            for r in rows:
-                spec = self.slots[r.slot.id]
-                if ks[r.slot.id] == 0 and caps[r.slot.id] > 0 and spec.n_idle_steps >= EXPLORE_EVERY and n_drafts < room:
-                    ks[r.slot.id] = 1
-                    n_drafts += 1
-        return ks
+        self._n_steps += 1
+        if self.drafter.is_free and not any(best.values()) and self._n_steps % EXPLORE_EVERY == 0:
+            # keep learning while drafting looks unprofitable: all slots probe together (equal rows)
+            probe = {sid: min(1, len(gains[sid])) for sid in order}
+            if sum(probe.values()) <= room:
+                best = probe
+        return best

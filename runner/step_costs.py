@@ -42,16 +42,31 @@ class CostTable:
         return ys[-1] + slope * (n_tokens - xs[-1])
 
 
+def equal_split_s(table: CostTable, row_lens: list[int]) -> float:
+    """Cost of one llama_decode whose rows (one per sequence) have these lengths.
+
+    NOTE: with one KV stream per sequence, llama.cpp splits a batch into micro-batches that take
+    the same number of tokens from every sequence still in it, so rows of unequal length cost
+    one graph run per distinct length: (5, 1, 1, 1) runs as 4x1 tokens, then 1x4."""
+    left = sorted(n for n in row_lens if n > 0)
+    total, done = 0.0, 0
+    while left:
+        take = left[0] - done
+        total += table(take * len(left))
+        done = left[0]
+        left = [n for n in left if n > done]
+    return total
+
+
 @dataclass(frozen=True)
 class StepCosts:
     target: CostTable
     draft: CostTable | None = None  # None: drafting is free (n-gram)
 
-    def step_s(self, n_target_tokens: int, ks: list[int], catch_up: list[int] | None = None) -> float:
-        """Time of one step: the target batch plus one draft decode per draft depth.
-
-        catch_up[i]: committed tokens slot i's draft KV lacks (fed in the first draft decode)."""
-        total = self.target(n_target_tokens)
+    def step_s(self, row_lens: list[int], ks: list[int], catch_up: list[int] | None = None) -> float:
+        """Time of one step: the target batch (its rows' lengths, drafts included) plus one
+        draft decode per draft depth. catch_up[i]: committed tokens slot i's draft KV lacks."""
+        total = equal_split_s(self.target, row_lens)
         if self.draft is not None:
             for depth in range(1, max(ks, default=0) + 1):
                 drafting = [i for i, k in enumerate(ks) if k >= depth]

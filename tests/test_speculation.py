@@ -195,3 +195,28 @@ def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None
     assert max(flat) == 4
     linear = auto_ks(CostTable((1, 64), (0.010, 0.640)))  # k tokens cost k times one: never pays
     assert max(linear) <= 1 and sum(linear) <= 2  # at most the exploration probe
+
+
+def test_draft_model_kv_follows_a_prefix_copy(tiny_gguf: Path, same_draft: Path) -> None:
+    system = "the thin thing in the hat " * 12
+    loaded = load(tiny_gguf, 2, draft=str(same_draft), spec="on", draft_max=2)
+    try:
+        engine = loaded.engine
+        busy: list[StreamEvent] = []
+        engine.submit(GenerationRequest("busy", loaded.text_prompt_ids(system + "in the beginning"),
+                                        SamplingParams(temperature=0), 60, ignore_eos=True), busy.append)
+        for _ in range(3):
+            engine.step()
+        drafter = loaded.speculator.drafter
+        warm_ids = loaded.text_prompt_ids(system + "zz top")
+        engine.submit(GenerationRequest("warm", warm_ids, SamplingParams(temperature=0), 4, ignore_eos=True),
+                      lambda e: None)
+        engine.step()  # admission copies slot 0's KV (target and draft) into slot 1
+        assert engine.scheduler.n_copied_prompt_tokens > 64
+        slot = engine.scheduler.pool.slots[1]
+        # the draft KV came along: only the prompt's own suffix (and what followed) is left to read
+        assert drafter.catch_up_len(1, slot.cached_ids + [slot.next_token]) < len(warm_ids) - 64
+        while engine.has_work:
+            engine.step()
+    finally:
+        loaded.close()
