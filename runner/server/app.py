@@ -10,14 +10,18 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError
 from runner.engine_thread import EngineThread
@@ -30,6 +34,7 @@ from runner.server.metrics import render_metrics
 from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.responses import ResponseBuilder, sse
 
+WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.5
 
@@ -149,6 +154,11 @@ async def _collect(state: ServerState, request: Request, request_id: str, events
         raise
 
 
+def _page_template() -> jinja2.Template:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEBUI_DIR)), autoescape=True)
+    return env.get_template("index.html")
+
+
 def create_app(state: ServerState) -> Starlette:
     loaded = state.loaded
     served_name = state.model_ids[0]
@@ -207,7 +217,15 @@ def create_app(state: ServerState) -> Starlette:
     async def server_error(request: Request, exc: Exception) -> Response:
         return ApiError(500, f"internal error: {type(exc).__name__}", "server_error").response()
 
+    page = _page_template()
+
+    async def index(request: Request) -> Response:
+        html = page.render(model=served_name, needs_key=state.api_key is not None)
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
     routes = [
+        Route("/", index, methods=["GET"]),
+        Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),

@@ -1,0 +1,317 @@
+// runner's chat page: conversations in localStorage, streamed replies from /v1/chat/completions.
+"use strict";
+
+const STORE_KEY = "runner.conversations";
+const CURRENT_KEY = "runner.current";
+const API_KEY = "runner.apiKey";
+const DEFAULTS = { system: "", temperature: 0.8, top_p: 0.95, max_tokens: 512, seed: "", model: "" };
+
+const $ = (id) => document.getElementById(id);
+const state = { conversations: [], currentId: null, controller: null };
+
+// -- storage -----------------------------------------------------------------------------------
+function load() {
+  try { state.conversations = JSON.parse(localStorage.getItem(STORE_KEY) || "[]"); } catch { state.conversations = []; }
+  state.currentId = localStorage.getItem(CURRENT_KEY);
+  if (!current()) newConversation();
+}
+function save() {
+  localStorage.setItem(STORE_KEY, JSON.stringify(state.conversations));
+  localStorage.setItem(CURRENT_KEY, state.currentId || "");
+}
+function current() { return state.conversations.find((c) => c.id === state.currentId); }
+function newConversation() {
+  const convo = { id: String(Date.now()) + Math.random().toString(16).slice(2, 6), title: "New chat",
+                  messages: [], settings: { ...DEFAULTS, model: document.body.dataset.model } };
+  state.conversations.unshift(convo);
+  state.currentId = convo.id;
+  save();
+  return convo;
+}
+
+// -- rendering ---------------------------------------------------------------------------------
+function renderList() {
+  const list = $("conversations");
+  list.replaceChildren();
+  for (const convo of state.conversations) {
+    const li = document.createElement("li");
+    li.className = convo.id === state.currentId ? "active" : "";
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = convo.title;
+    name.addEventListener("click", () => { state.currentId = convo.id; save(); renderAll(); });
+    const del = document.createElement("button");
+    del.className = "delete";
+    del.title = "Delete";
+    del.textContent = "×";
+    del.addEventListener("click", () => {
+      state.conversations = state.conversations.filter((c) => c.id !== convo.id);
+      if (state.currentId === convo.id) state.currentId = state.conversations[0]?.id || null;
+      if (!current()) newConversation();
+      save();
+      renderAll();
+    });
+    li.append(name, del);
+    list.appendChild(li);
+  }
+}
+
+function renderMessageBody(body, msg) {
+  body.replaceChildren();
+  if (msg.role === "assistant" && $("mark-drafts").checked && msg.pieces) {
+    body.classList.add("plain");
+    for (const [text, drafted] of msg.pieces) {
+      const span = document.createElement("span");
+      if (drafted) span.className = "drafted";
+      span.textContent = text;
+      body.appendChild(span);
+    }
+  } else {
+    body.classList.remove("plain");
+    body.appendChild(Markdown.render(msg.content));
+  }
+}
+
+function messageElement(msg) {
+  const el = document.createElement("div");
+  el.className = "message " + msg.role + (msg.error ? " error" : "");
+  const body = document.createElement("div");
+  body.className = "body";
+  renderMessageBody(body, msg);
+  el.appendChild(body);
+  if (msg.stats) {
+    const stats = document.createElement("div");
+    stats.className = "stats";
+    stats.textContent = msg.stats;
+    el.appendChild(stats);
+  }
+  return el;
+}
+
+function renderMessages() {
+  const box = $("messages");
+  box.replaceChildren(...current().messages.map(messageElement));
+  box.scrollTop = box.scrollHeight;
+}
+
+function renderSettings() {
+  const s = current().settings;
+  for (const key of ["system", "temperature", "top_p", "max_tokens", "seed"]) $(key).value = s[key] ?? "";
+  $("title").value = current().title;
+  if (s.model) $("model").value = s.model;
+}
+
+function renderAll() { renderList(); renderSettings(); renderMessages(); }
+
+// -- the API -----------------------------------------------------------------------------------
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = localStorage.getItem(API_KEY);
+  if (key) h.Authorization = "Bearer " + key;
+  return h;
+}
+
+function askForKey() {
+  const key = window.prompt("This server needs an API key:");
+  if (key) localStorage.setItem(API_KEY, key.trim());
+  return Boolean(key);
+}
+
+async function errorText(resp) {
+  try {
+    const body = await resp.json();
+    return `${resp.status}: ${body.error?.message || JSON.stringify(body)}`;
+  } catch { return `${resp.status} ${resp.statusText}`; }
+}
+
+function requestBody(convo) {
+  const s = convo.settings;
+  const messages = [];
+  if (s.system) messages.push({ role: "system", content: s.system });
+  for (const m of convo.messages) if (!m.error && m.content) messages.push({ role: m.role, content: m.content });
+  const body = { model: s.model || document.body.dataset.model, messages, stream: true,
+                 stream_options: { include_usage: true } };
+  for (const key of ["temperature", "top_p"]) if (s[key] !== "" && s[key] !== null) body[key] = Number(s[key]);
+  if (s.max_tokens) body.max_tokens = Number(s.max_tokens);
+  if (s.seed !== "" && s.seed !== null && s.seed !== undefined) body.seed = Number(s.seed);
+  return body;
+}
+
+async function send(text) {
+  const convo = current();
+  if (convo.messages.length === 0) convo.title = text.slice(0, 40);
+  convo.messages.push({ role: "user", content: text });
+  const reply = { role: "assistant", content: "", pieces: [] };
+  convo.messages.push(reply);
+  save();
+  renderAll();
+  const bubble = $("messages").lastElementChild;
+  const body = bubble.querySelector(".body");
+  state.controller = new AbortController();
+  setBusy(true);
+  const sent = performance.now();
+  let firstAt = null, usage = null, nDrafted = 0, nTokens = 0, stopped = false, failed = null;
+  try {
+    let resp = await fetch("/v1/chat/completions", { method: "POST", headers: headers(),
+                                                     body: JSON.stringify(requestBody(convo)), signal: state.controller.signal });
+    if (resp.status === 401 && askForKey()) {
+      resp = await fetch("/v1/chat/completions", { method: "POST", headers: headers(),
+                                                   body: JSON.stringify(requestBody(convo)), signal: state.controller.signal });
+    }
+    if (!resp.ok) throw new Error(await errorText(resp));
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const line = buffer.slice(0, cut).trim();
+        buffer = buffer.slice(cut + 2);
+        if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+        const chunk = JSON.parse(line.slice(6));
+        if (chunk.error) throw new Error(chunk.error.message);
+        if (chunk.usage) usage = chunk.usage;
+        const choice = chunk.choices?.[0];
+        const piece = choice?.delta?.content;
+        if (piece) {
+          if (firstAt === null) firstAt = performance.now();
+          const drafted = Boolean(choice.drafted && choice.drafted.every(Boolean));
+          nTokens += choice.drafted ? choice.drafted.length : 1;
+          nDrafted += choice.drafted ? choice.drafted.filter(Boolean).length : 0;
+          reply.content += piece;
+          const last = reply.pieces[reply.pieces.length - 1];
+          if (last && last[1] === drafted) last[0] += piece; else reply.pieces.push([piece, drafted]);
+          renderMessageBody(body, reply);
+          $("messages").scrollTop = $("messages").scrollHeight;
+        }
+      }
+    }
+  } catch (err) {
+    if (err.name === "AbortError") stopped = true;
+    else failed = err instanceof TypeError ? "The server is unreachable (is `runner serve` running?)" : err.message;
+  }
+  const end = performance.now();
+  if (failed) {
+    if (!reply.content) convo.messages.pop();
+    convo.messages.push({ role: "assistant", content: "Error: " + failed, error: true });
+  } else {
+    const n = usage ? usage.completion_tokens : nTokens;
+    const rate = firstAt !== null && end > firstAt ? (n / ((end - sent) / 1000)).toFixed(1) : "0";
+    const ttft = firstAt !== null ? Math.round(firstAt - sent) + " ms" : "n/a";
+    let stats = `${n} tokens · ${rate} tok/s · first token ${ttft}`;
+    const proposed = usage?.draft_tokens_proposed || 0;
+    if (proposed) {
+      const accepted = usage.draft_tokens_accepted;
+      const own = Math.max(1, n - nDrafted);
+      stats += ` · drafts accepted ${Math.round((100 * accepted) / proposed)}% · mean accepted length ${(nDrafted / own).toFixed(2)}`;
+    }
+    if (stopped) stats += " · stopped";
+    reply.stats = stats;
+  }
+  state.controller = null;
+  setBusy(false);
+  save();
+  renderMessages();
+}
+
+function setBusy(busy) {
+  $("send").hidden = busy;
+  $("stop").hidden = !busy;
+  $("input").disabled = busy;
+}
+
+// -- server panel ------------------------------------------------------------------------------
+async function pollServer() {
+  try {
+    const [slotsResp, metricsResp] = await Promise.all([fetch("/slots", { headers: headers() }),
+                                                        fetch("/metrics", { headers: headers() })]);
+    if (!slotsResp.ok) throw new Error(await errorText(slotsResp));
+    const slots = await slotsResp.json();
+    const metrics = metricsResp.ok ? await metricsResp.text() : "";
+    const queue = (metrics.match(/^runner_queue_depth (\d+)/m) || [0, "?"])[1];
+    const busy = slots.filter((s) => s.state !== "idle").length;
+    $("server-status").textContent = `slots busy ${busy}/${slots.length} · queue ${queue}`;
+    $("slot-bar").replaceChildren(...slots.map((s) => {
+      const cell = document.createElement("span");
+      cell.className = "slot " + s.state;
+      cell.title = `slot ${s.id}: ${s.state}, ${s.n_cached} tokens cached`;
+      return cell;
+    }));
+  } catch (err) {
+    $("server-status").textContent = err instanceof TypeError ? "server unreachable" : err.message;
+  }
+}
+
+async function loadModels() {
+  try {
+    const resp = await fetch("/v1/models", { headers: headers() });
+    if (!resp.ok) return;
+    const data = await resp.json();
+    $("model").replaceChildren(...data.data.map((m) => {
+      const opt = document.createElement("option");
+      opt.value = opt.textContent = m.id;
+      return opt;
+    }));
+    renderSettings();
+  } catch { /* the status panel reports an unreachable server */ }
+}
+
+// -- wiring ------------------------------------------------------------------------------------
+function bind() {
+  $("composer").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = $("input").value.trim();
+    if (!text || state.controller) return;
+    $("input").value = "";
+    send(text);
+  });
+  $("input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
+  });
+  $("stop").addEventListener("click", () => state.controller?.abort());
+  $("new-chat").addEventListener("click", () => { newConversation(); renderAll(); });
+  $("title").addEventListener("change", () => { current().title = $("title").value || "Untitled"; save(); renderList(); });
+  $("settings-toggle").addEventListener("click", () => { $("settings").hidden = !$("settings").hidden; });
+  $("mark-drafts").addEventListener("change", renderMessages);
+  for (const key of ["system", "temperature", "top_p", "max_tokens", "seed"]) {
+    $(key).addEventListener("change", () => { current().settings[key] = $(key).value; save(); });
+  }
+  $("model").addEventListener("change", () => { current().settings.model = $("model").value; save(); });
+  $("export").addEventListener("click", () => {
+    const blob = new Blob([JSON.stringify(state.conversations, null, 1)], { type: "application/json" });
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = "runner-conversations.json";
+    a.click();
+  });
+  $("import").addEventListener("change", async () => {
+    const file = $("import").files[0];
+    if (!file) return;
+    try {
+      const items = JSON.parse(await file.text());
+      if (!Array.isArray(items)) throw new Error("expected a list of conversations");
+      for (const c of items) {
+        if (!c || !Array.isArray(c.messages)) continue;
+        state.conversations.unshift({ id: String(Date.now()) + Math.random().toString(16).slice(2, 6),
+                                      title: String(c.title || "Imported"), settings: { ...DEFAULTS, ...(c.settings || {}) },
+                                      messages: c.messages.map((m) => ({ role: m.role === "user" ? "user" : "assistant",
+                                                                         content: String(m.content ?? ""), stats: m.stats })) });
+      }
+      state.currentId = state.conversations[0].id;
+      save();
+      renderAll();
+    } catch (err) { window.alert("Import failed: " + err.message); }
+    $("import").value = "";
+  });
+}
+
+load();
+bind();
+if (document.body.dataset.needsKey === "yes" && !localStorage.getItem(API_KEY)) askForKey();
+renderAll();
+loadModels();
+pollServer();
+setInterval(pollServer, 1000);
