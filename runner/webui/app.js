@@ -199,7 +199,8 @@ async function send(text) {
     convo.messages.push({ role: "assistant", content: "Error: " + failed, error: true });
   } else {
     const n = usage ? usage.completion_tokens : nTokens;
-    const rate = firstAt !== null && end > firstAt ? (n / ((end - sent) / 1000)).toFixed(1) : "0";
+    // decode speed after the first token (the first one's wait is the TTFT)
+    const rate = firstAt !== null && end > firstAt && n > 1 ? ((n - 1) / ((end - firstAt) / 1000)).toFixed(1) : "n/a";
     const ttft = firstAt !== null ? Math.round(firstAt - sent) + " ms" : "n/a";
     let stats = `${n} tokens · ${rate} tok/s · first token ${ttft}`;
     const proposed = usage?.draft_tokens_proposed || 0;
