@@ -175,16 +175,27 @@ def build_parser() -> argparse.ArgumentParser:
     from runner.server.cli import add_serve_command
 
     add_serve_command(add)
+    from runner.bundle import cmd_bundle
+
+    p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")
+    p.add_argument("model", help="the .gguf to embed")
+    p.add_argument("-o", "--output", required=True, help="path of the executable to write")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from runner.bundle import check_cpu, double_click, is_frozen
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "fn", None):
+    if not getattr(args, "fn", None) and not (is_frozen() and not argv):
         parser.print_help()
         return 0
     try:
+        check_cpu()
+        if not getattr(args, "fn", None):  # the executable, double-clicked: serve and open the chat page
+            return double_click()
         return args.fn(args)
     except RunnerError as exc:
         print(f"runner: error: {exc}", file=sys.stderr)

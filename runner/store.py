@@ -8,6 +8,7 @@ from pathlib import Path
 
 import platformdirs
 
+from runner.bundle import embedded_model
 from runner.catalog import Catalog, ModelRef
 from runner.errors import CatalogError, ModelFileError
 
@@ -62,6 +63,9 @@ class ModelStore:
             return candidate, None
         ref = self.catalog.resolve(model)
         path = self.path_of(ref)
+        embedded = embedded_model()
+        if not path.exists() and embedded is not None and embedded.name == ref.file:
+            return embedded, ref  # the executable carries this one
         if not path.exists():
             if not pull_missing:
                 raise CatalogError(f"'{ref.name}' is not in the cache; run `runner pull {ref.name}`")

@@ -26,7 +26,8 @@ def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
     add_flags(p, EngineOptions)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None = None) -> int:
+    """Serve until Ctrl-C or SIGTERM; on_ready(url) runs once the port is bound."""
     import uvicorn
 
     from runner.engine_thread import EngineThread
@@ -43,7 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
-    _announce_when_ready(server, loaded.name, loaded.options.parallel)
+    _announce_when_ready(server, loaded.name, loaded.options.parallel, on_ready)
     try:
         server.run()
     finally:
@@ -51,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _announce_when_ready(server: object, name: str, n_slots: int) -> None:
+def _announce_when_ready(server: object, name: str, n_slots: int, on_ready: Callable[[str], None] | None) -> None:
     """Print the URL once uvicorn has bound (with --port 0 the port is only known then)."""
     original = server.startup  # type: ignore[attr-defined]
 
@@ -62,5 +63,7 @@ def _announce_when_ready(server: object, name: str, n_slots: int) -> None:
                 host, port = sock.getsockname()[:2]
                 print(f"runner: serving {name} with {n_slots} slots on http://{host}:{port} (Ctrl-C to stop)",
                       file=sys.stderr, flush=True)
+                if on_ready is not None:
+                    on_ready(f"http://{host}:{port}/")
 
     server.startup = startup  # type: ignore[attr-defined]

@@ -1,0 +1,145 @@
+"""The single-file executable: its embedded model, the double-click launch, and `runner bundle`.
+
+Built by PyInstaller from build_exe.spec. One-file mode unpacks into a temporary _MEI* dir
+and runs this program as a child of the bootloader, which forwards Ctrl-C / SIGTERM to it and
+removes the dir once it exits; so shutdown only has to end this process cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import webbrowser
+from pathlib import Path
+
+from runner.errors import RunnerError
+
+EMBEDDED_DIR = "models"
+SPEC = "build_exe.spec"
+CPU_FEATURES_FILE = "cpu_features.txt"  # written at build time: the x86 features llama.cpp was compiled for
+# llama.cpp's feature names -> the flag /proc/cpuinfo shows for it
+CPUINFO_FLAG = {"SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma",
+                "BMI2": "bmi2", "AVX_VNNI": "avx_vnni", "AVX512": "avx512f", "AVX512_VBMI": "avx512_vbmi",
+                "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16"}
+
+
+def compiled_features(system_info: str) -> list[str]:
+    """The CPU features in llama.cpp's system info line ('AVX2 = 1 | ...') that the build requires."""
+    out = []
+    for part in system_info.split("|"):
+        name, _, value = part.partition("=")
+        name = name.strip().split(":")[-1].strip()
+        if value.strip() == "1" and name in CPUINFO_FLAG:
+            out.append(name)
+    return out
+
+
+def missing_features(required: list[str], cpuinfo: str) -> list[str]:
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return [f for f in required if CPUINFO_FLAG[f] not in flags]
+
+
+def check_cpu() -> None:
+    """In the executable: refuse with a clear line on a CPU that lacks what llama.cpp was built for
+    (instead of dying with 'illegal instruction')."""
+    if not is_frozen():
+        return
+    path = Path(sys._MEIPASS) / "runner" / CPU_FEATURES_FILE  # type: ignore[attr-defined]
+    try:
+        required = path.read_text().split()
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return  # not Linux, or no record: nothing to check against
+    missing = missing_features(required, cpuinfo)
+    if missing:
+        raise RunnerError(
+            f"this executable was built for CPUs with {', '.join(required)}; this CPU lacks {', '.join(missing)}. "
+            "Build one on this machine with scripts/build_exe.sh"
+        )
+
+
+def is_frozen() -> bool:
+    return bool(getattr(sys, "frozen", False)) and hasattr(sys, "_MEIPASS")
+
+
+def embedded_model() -> Path | None:
+    """The GGUF carried inside the executable (None when running from Python)."""
+    if not is_frozen():
+        return None
+    found = sorted((Path(sys._MEIPASS) / EMBEDDED_DIR).glob("*.gguf"))  # type: ignore[attr-defined]
+    return found[0] if found else None
+
+
+def _browser_env() -> dict[str, str]:
+    """The environment the user had: the bootloader points LD_LIBRARY_PATH at our bundled libraries."""
+    env = dict(os.environ)
+    original = env.pop("LD_LIBRARY_PATH_ORIG", None)
+    if original is not None:
+        env["LD_LIBRARY_PATH"] = original
+    else:
+        env.pop("LD_LIBRARY_PATH", None)
+    return env
+
+
+def open_browser(url: str) -> None:
+    print(f"runner: opening {url} in your browser; press Ctrl-C here to stop", file=sys.stderr, flush=True)
+
+    def launch() -> None:
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(_browser_env())  # webbrowser starts the browser with os.environ
+            webbrowser.open(url)
+        except Exception:  # noqa: BLE001 - no browser is not an error: the URL is printed
+            pass
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    threading.Thread(target=launch, daemon=True).start()
+
+
+def double_click() -> int:
+    """No arguments: serve the embedded model on a free localhost port and open the chat page."""
+    from runner.cli import build_parser
+
+    model = embedded_model()
+    if model is None:
+        raise RunnerError("this executable carries no model; run it with a command, e.g. `runner chat model.gguf`")
+    from runner.catalog import Catalog
+    from runner.server.cli import cmd_serve
+
+    catalog = Catalog.load()
+    name = next((n for n in catalog.names() if catalog.resolve(n).file == model.name), str(model))
+    args = build_parser().parse_args(["serve", name, "--port", "0"])
+    return cmd_serve(args, on_ready=None if os.environ.get("RUNNER_NO_BROWSER") else open_browser)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """`runner bundle MODEL.gguf -o NAME`: a one-file executable carrying another model."""
+    from runner.gguf_file import read_gguf
+
+    model = Path(args.model).expanduser().resolve()
+    read_gguf(model)
+    repo = Path(__file__).resolve().parents[1]
+    spec = repo / SPEC
+    if not spec.exists():
+        raise RunnerError(f"{SPEC} is not next to the runner package ({repo}); bundle from a source checkout")
+    try:
+        import PyInstaller  # noqa: F401
+    except ImportError:
+        raise RunnerError("PyInstaller is not installed: pip install pyinstaller") from None
+    out = Path(args.output).expanduser().resolve()
+    env = {**os.environ, "RUNNER_BUNDLE_MODEL": str(model), "RUNNER_BUNDLE_NAME": out.name}
+    cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--distpath", str(out.parent),
+           "--workpath", str(out.parent / f".build-{out.name}"), str(spec)]
+    if subprocess.run(cmd, env=env, cwd=repo).returncode != 0:
+        raise RunnerError("PyInstaller failed (its output is above)")
+    print(f"built {out} ({out.stat().st_size / 1e6:.0f} MB) carrying {model.name}")
+    return 0

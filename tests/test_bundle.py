@@ -1,0 +1,15 @@
+from runner.bundle import compiled_features, missing_features
+
+INFO = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | LLAMAFILE = 1 |"
+OLD_CPU = "processor: 0\nflags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx\n"
+NEW_CPU = "flags\t\t: fpu sse2 pni ssse3 avx avx2 f16c fma bmi2 avx512f\n"
+
+
+def test_compiled_features_keep_only_enabled_cpu_features() -> None:
+    assert compiled_features(INFO) == ["SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2"]
+
+
+def test_an_older_cpu_is_told_what_it_lacks() -> None:
+    required = compiled_features(INFO)
+    assert missing_features(required, OLD_CPU) == ["AVX2", "F16C", "FMA", "BMI2"]
+    assert missing_features(required, NEW_CPU) == []

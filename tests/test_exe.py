@@ -1,0 +1,111 @@
+"""The one-file executable: built with PyInstaller, run from elsewhere with an empty environment."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+
+@pytest.fixture(scope="module")
+def exe(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist") / "runner"
+    proc = subprocess.run([sys.executable, "-m", "runner", "bundle", str(smollm2_path), "-o", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": str(home), **extra}
+
+
+def run_exe(exe: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["env", "-i", *[f"{k}={v}" for k, v in clean_env(home).items()], str(exe), *args],
+                          capture_output=True, text=True, cwd=home, timeout=120)
+
+
+def test_version_and_run_on_the_embedded_model(exe: Path, home: Path) -> None:
+    assert run_exe(exe, home, "--version").stdout.strip() == "runner 0.1.0"
+    proc = run_exe(exe, home, "run", "-p", "Hello", "--max-tokens", "8", "--temperature", "0", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip()) > 0
+    assert not list(home.glob("_MEI*"))
+
+
+def start(exe: Path, home: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([str(exe), *args], env=clean_env(home, RUNNER_NO_BROWSER="1"), cwd=home,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        match = re.search(r"(http://127\.0\.0\.1:(\d+))", line)
+        if match:
+            return proc, match.group(1)
+    proc.kill()
+    raise AssertionError("the executable did not start serving")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_double_click_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, sig: signal.Signals) -> None:
+    proc, url = start(exe, home)  # no arguments: what a double-click does
+    try:
+        models = httpx.get(url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["smollm2-135m-instruct"]
+        chat = httpx.post(url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] >= 1
+        page = httpx.get(url + "/", timeout=10)
+        assert page.status_code == 200 and "/webui/app.js" in page.text
+        assert httpx.get(url + "/webui/app.js", timeout=10).status_code == 200
+        assert list(home.glob("_MEI*"))  # unpacked while running
+        started = time.time()
+        proc.send_signal(sig)
+        proc.wait(timeout=15)
+        assert time.time() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free again
+    assert not list(home.glob("_MEI*"))  # the bootloader removed its temp dir
+
+
+def test_the_page_loads_in_chromium(exe: Path, home: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    proc, url = start(exe, home)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            page = browser.new_page()
+            failed: list[str] = []
+            page.on("requestfailed", lambda r: failed.append(r.url))
+            page.goto(url + "/")
+            page.wait_for_selector("#server-status:has-text('slots busy')")
+            assert page.title() == "runner · smollm2-135m-instruct"
+            assert failed == []
+            browser.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        proc.stderr.close()
