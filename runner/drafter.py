@@ -34,10 +34,6 @@ class Drafter(Protocol):
         """Tokens the drafter would have to process before drafting for this slot (0: none)."""
         ...
 
-    def forget(self, slot_id: int, n_keep: int) -> None:
-        """The slot's committed tokens now agree with the drafter's only up to n_keep."""
-        ...
-
     def close(self) -> None: ...
 
 

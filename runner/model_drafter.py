@@ -45,12 +45,6 @@ class ModelDrafter:
         self._cached: dict[int, list[int]] = {}  # per slot: tokens in the draft KV
         self._samplers: dict[int, tuple[str, Sampler]] = {}  # per slot: (request id, its draft sampler)
 
-    def forget(self, slot_id: int, n_keep: int) -> None:
-        cached = self._cached.get(slot_id)
-        if cached is not None and n_keep < len(cached):
-            self.context.kv_remove(slot_id, n_keep, -1)
-            del cached[n_keep:]
-
     def propose(self, jobs: list[DraftJob]) -> None:
         jobs = [j for j in jobs if j.k > 0]
         if not jobs:
@@ -73,13 +67,17 @@ class ModelDrafter:
                 self._feed(jobs[i].slot_id, [jobs[i].draft_ids[-1]], 1)
             logits = self.context.decode(self._batch)
 
-    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+    def _n_common(self, slot_id: int, context_ids: list[int]) -> int:
+        """Leading committed tokens the draft KV already holds (the last token is always re-fed)."""
         cached = self._cached.get(slot_id, [])
         limit = min(len(cached), len(context_ids) - 1)
         n_common = 0
         while n_common < limit and cached[n_common] == context_ids[n_common]:
             n_common += 1
-        return len(context_ids) - n_common
+        return n_common
+
+    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        return len(context_ids) - self._n_common(slot_id, context_ids)
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         """The target copied a slot's KV into another: the draft's KV follows."""
@@ -91,10 +89,7 @@ class ModelDrafter:
         todo: dict[int, list[int]] = {}
         for job in jobs:
             cached = self._cached.setdefault(job.slot_id, [])
-            limit = min(len(cached), len(job.context_ids) - 1)  # the last token is always re-fed
-            n_common = 0
-            while n_common < limit and cached[n_common] == job.context_ids[n_common]:
-                n_common += 1
+            n_common = self._n_common(job.slot_id, job.context_ids)
             if n_common < len(cached):
                 self.context.kv_remove(job.slot_id, n_common, -1)
                 del cached[n_common:]

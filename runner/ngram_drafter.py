@@ -58,11 +58,6 @@ class NgramDrafter:
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         return 0
 
-    def forget(self, slot_id: int, n_keep: int) -> None:
-        index = self._indexes.get(slot_id)
-        if index is not None and n_keep < index.n_indexed:
-            del self._indexes[slot_id]  # rebuilt on the next proposal
-
     def close(self) -> None:
         self._indexes.clear()
 

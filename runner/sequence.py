@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -32,8 +31,6 @@ class Sequence:
         self.n_draft_accepted = 0
         self.finish_reason: FinishReason | None = None
         self.is_cancel_requested = False
-        self.submitted_s = time.perf_counter()
-        self.first_token_s: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -70,8 +67,6 @@ class Sequence:
         verdict = verify(self.sampler, rows, draft_ids, draft_dists)
         self.n_draft_proposed += len(draft_ids)
         self.n_draft_accepted += verdict.n_accepted
-        if self.first_token_s is None:
-            self.first_token_s = time.perf_counter()
         for i, token_id in enumerate(verdict.committed_ids):
             is_draft = i < verdict.n_accepted
             if not self._commit(token_id, rows[i], is_draft, n_ctx_left - i):

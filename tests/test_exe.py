@@ -62,9 +62,9 @@ def start(exe: Path, home: Path, *args: str) -> tuple[subprocess.Popen, str]:
     raise AssertionError("the executable did not start serving")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_double_click_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, sig: signal.Signals) -> None:
-    proc, url = start(exe, home)  # no arguments: what a double-click does
+@pytest.mark.parametrize(("args", "sig"), [((), signal.SIGINT), (("serve", "--port", "0"), signal.SIGTERM)])
+def test_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, args: tuple[str, ...], sig: signal.Signals) -> None:
+    proc, url = start(exe, home, *args)  # no arguments: what a double-click does
     try:
         models = httpx.get(url + "/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["smollm2-135m-instruct"]
