@@ -41,9 +41,9 @@ class LoadedModel:
         self.path, ref = store.resolve(str(model))
         self.name = ref.name if ref else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
-        plan = MemoryPlan.for_model(self.info, self.options)
-        plan.check()
-        log(plan.describe())
+        self.memory_plan = MemoryPlan.for_model(self.info, self.options)
+        self.memory_plan.check()
+        log(self.memory_plan.describe())
         self.model = Model(self.path, self.options.n_gpu_layers)
         try:
             self.template = ChatTemplate.for_model(
@@ -91,8 +91,9 @@ class LoadedModel:
             costs = StepCosts(target_costs) if target_costs else None
         else:
             draft_path, draft_ref = store.resolve(draft)
-            read_gguf(draft_path)
-            log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name})")
+            both = self.memory_plan.with_draft(MemoryPlan.for_model(read_gguf(draft_path), opts))
+            both.check()
+            log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
             draft_model = Model(draft_path, opts.n_gpu_layers)
             try:
                 drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)

@@ -53,6 +53,11 @@ class MemoryPlan:
             available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
         )
 
+    def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
+        """Target and draft model together (the draft keeps one KV sequence per slot too)."""
+        return MemoryPlan(self.weights_bytes + draft.weights_bytes, self.kv_per_slot_bytes + draft.kv_per_slot_bytes,
+                          self.n_slots, self.compute_bytes + draft.compute_bytes, self.available_bytes)
+
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_per_slot_bytes * self.n_slots + self.compute_bytes

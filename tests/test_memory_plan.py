@@ -27,3 +27,12 @@ def test_refuses_with_numbers_and_suggestions(tiny_gguf: Path) -> None:
     text = str(err.value)
     assert "x 4 slots" in text and "(available: 10 MiB)" in text
     assert "--parallel" in text and "--ctx-size" in text and "--kv-type q8_0" in text
+
+
+def test_a_draft_model_adds_its_weights_kv_and_compute(tiny_gguf: Path) -> None:
+    info = read_gguf(tiny_gguf)
+    opts = EngineOptions(parallel=2, ctx_size=512)
+    target = MemoryPlan.for_model(info, opts, available_bytes=1 << 40)
+    both = target.with_draft(MemoryPlan.for_model(info, opts, available_bytes=1 << 40))
+    assert both.weights_bytes == 2 * target.weights_bytes
+    assert both.total_bytes == 2 * target.total_bytes
