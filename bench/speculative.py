@@ -10,8 +10,8 @@ Engine in-process (no HTTP), greedy, each request runs to --max-tokens.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,6 +57,21 @@ def run_cell(loaded: LoadedModel, texts: list[str], max_tokens: int) -> tuple[fl
     return n / elapsed, n, sum(e.usage.draft_proposed for e in done), sum(e.usage.draft_accepted for e in done)
 
 
+def measure(target: Path, c: int, draft: str, spec: str, texts: list[str],
+            args: argparse.Namespace) -> tuple[float, float, int, int, int]:
+    """(tok/s, tokens, drafts proposed, accepted, draft runs) of one cell."""
+    opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft, spec=spec, draft_max=args.draft_max)
+    loaded = LoadedModel(target, opts, log=lambda _: None)
+    try:
+        run_cell(loaded, texts[:1], 8)  # warm-up (and calibration for auto, outside the timing)
+        runs_before = loaded.speculator.n_runs if loaded.speculator else 0
+        tps, n, proposed, accepted = run_cell(loaded, texts, args.max_tokens)
+        n_runs = (loaded.speculator.n_runs if loaded.speculator else 0) - runs_before
+    finally:
+        loaded.close()
+    return tps, n, proposed, accepted, n_runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="smollm2-135m-instruct:f16")
@@ -65,6 +80,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--draft-max", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of all modes; ratios are medians over rounds")
     args = ap.parse_args()
     target = model_path(args.target)
     for d in args.drafts:
@@ -75,28 +91,28 @@ def main() -> None:
     for workload in ("free chat", "grounded"):
         for c in args.concurrency:
             texts = prompts(workload, c)
-            base = None
-            for label, draft, spec in modes:
-                opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft, spec=spec,
-                                     draft_max=args.draft_max)
-                loaded = LoadedModel(target, opts, log=lambda _: None)
-                try:
-                    run_cell(loaded, texts[:1], 8)  # warm-up (and calibration for auto, outside the timing)
-                    loaded.engine.stats = dataclasses.replace(loaded.engine.stats)
-                    runs_before = loaded.speculator.n_runs if loaded.speculator else 0
-                    tps, n, proposed, accepted = run_cell(loaded, texts, args.max_tokens)
-                    n_runs = (loaded.speculator.n_runs if loaded.speculator else 0) - runs_before
-                finally:
-                    loaded.close()
-                base = tps if label == "off" else base
+            cells: dict[str, list[tuple[float, float, int, int, int]]] = {label: [] for label, _, _ in modes}
+            for _ in range(args.repeats):  # every mode once per round, so each ratio has its own `off`
+                for label, draft, spec in modes:
+                    cells[label].append(measure(target, c, draft, spec, texts, args))
+            ratios = {label: [] for label in cells}
+            for r in range(args.repeats):
+                for label in cells:
+                    ratios[label].append(cells[label][r][0] / cells["off"][r][0])
+            for label in cells:
+                proposed = sum(x[2] for x in cells[label])
+                accepted = sum(x[3] for x in cells[label])
+                runs = sum(x[4] for x in cells[label])
+                tps = statistics.median(x[0] for x in cells[label])
                 rate = accepted / proposed if proposed else float("nan")
-                mean_len = accepted / n_runs if n_runs else float("nan")
-                rows.append([workload, c, label, tps, tps / base, rate, mean_len])
-                print(f"{workload} c={c} {label}: {tps:.1f} tok/s ({tps / base:.2f}x), acceptance {rate:.2f}",
-                      file=sys.stderr, flush=True)
+                mean_len = accepted / runs if runs else float("nan")
+                rows.append([workload, c, label, tps, statistics.median(ratios[label]), min(ratios[label]), rate, mean_len])
+                print(f"{workload} c={c} {label}: {tps:.1f} tok/s, median {statistics.median(ratios[label]):.2f}x off, "
+                      f"acceptance {rate:.2f}", file=sys.stderr, flush=True)
     print(f"\ntarget {args.target}, {args.max_tokens} tokens per request, greedy, draft-max {args.draft_max}, "
           f"{args.threads} threads\n")
-    print_table(["workload", "clients", "mode", "tok/s", "vs off", "acceptance", "mean accepted length"], rows)
+    print_table(["workload", "clients", "mode", "median tok/s", "vs off (median)", "vs off (worst round)",
+                 "acceptance", "mean accepted length"], rows)
 
 
 if __name__ == "__main__":
