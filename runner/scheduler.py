@@ -158,12 +158,7 @@ class Scheduler:
     def fail(self, plan: BatchPlan, message: str) -> None:
         """A decode failed: end the plan's requests with an error; their KV is no longer trusted."""
         for row in plan.rows:
-            slot = row.slot
-            if slot.seq is not None:
-                slot.seq.finish(FinishReason.ERROR, error=message)
-            self._kv.kv_remove(slot.id, 0, -1)
-            slot.truncate(0)
-            self.pool.release(slot)
+            self._drop(row.slot, message)
 
     def fail_all(self, message: str) -> None:
         """Something unexpected broke a step: end every request with the error, trust no KV."""
@@ -171,11 +166,14 @@ class Scheduler:
             seq.finish(FinishReason.ERROR, error=message)
         self.waiting.clear()
         for slot in self.pool.slots:
-            if slot.seq is not None:
-                slot.seq.finish(FinishReason.ERROR, error=message)
-            self._kv.kv_remove(slot.id, 0, -1)
-            slot.truncate(0)
-            self.pool.release(slot)
+            self._drop(slot, message)
+
+    def _drop(self, slot: Slot, message: str) -> None:
+        if slot.seq is not None:
+            slot.seq.finish(FinishReason.ERROR, error=message)
+        self._kv.kv_remove(slot.id, 0, -1)
+        slot.truncate(0)
+        self.pool.release(slot)
 
     def _reap_cancelled(self) -> None:
         if any(seq.is_cancel_requested for seq in self.waiting):
