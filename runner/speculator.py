@@ -69,10 +69,16 @@ class Speculator:
         self.costs = costs
         self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
         self.slots = [SlotSpec() for _ in range(n_slots)]
-        self.n_proposed = 0
-        self.n_accepted = 0
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
         self._n_steps = 0
+
+    @property
+    def n_proposed(self) -> int:
+        return sum(self.overall.proposed)
+
+    @property
+    def n_accepted(self) -> int:
+        return sum(self.overall.accepted)
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
@@ -116,8 +122,6 @@ class Speculator:
             if row.draft_ids:
                 spec.acceptance.record(len(row.draft_ids), row.n_accepted)
                 self.overall.record(len(row.draft_ids), row.n_accepted)
-                self.n_proposed += len(row.draft_ids)
-                self.n_accepted += row.n_accepted
                 self.n_runs += 1
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
@@ -158,7 +162,7 @@ class Speculator:
         and a greedy per-slot search from the best of those."""
         costs = self.costs
         assert costs is not None
-        prior = self.overall.overall if sum(self.overall.proposed) >= 8 else PRIOR_ACCEPT
+        prior = self.overall.overall if self.n_proposed >= 8 else PRIOR_ACCEPT
         order = [r.slot.id for r in rows]
         # marginal expected tokens of each further draft position, per slot (a decreasing product)
         gains: dict[int, list[float]] = {}
