@@ -128,8 +128,11 @@ def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_war
                 ctx.kv_copy(args[0], args[1], -1, -1)
                 continue
             batch.clear()
-            for seq_id, token_ids, first_pos, n_logits in args:
-                batch.add(seq_id, token_ids, first_pos, n_logits)
+            for seq_id, token_ids, first_pos, logit_offsets in args:
+                start = batch.n_tokens
+                batch.add(seq_id, token_ids, first_pos, 0)
+                for offset in logit_offsets:
+                    batch.set_logits(start + offset)
             logits = ctx.decode(batch)
             n_decodes += 1
             for row in logits:

@@ -166,6 +166,10 @@ class ContextShape:
     kv_unified: bool = True
     kv_type: str = "f16"
 
+    @property
+    def n_ubatch(self) -> int:
+        return min(self.n_batch, 512)
+
 
 class Batch:
     """A reusable llama_batch whose arrays are numpy buffers we own (filled by slice assignment)."""
@@ -214,6 +218,16 @@ class Batch:
         self.n_outputs += n_logits
         return first_row
 
+    def set_logits(self, index: int) -> None:
+        """Make token `index` output logits too (its row lands among the others in batch order)."""
+        if not self.wants_logits[index]:
+            self.wants_logits[index] = 1
+            self.n_outputs += 1
+
+    def output_row(self, index: int) -> int:
+        """The logits row of token `index` (which must output logits)."""
+        return int(np.count_nonzero(self.wants_logits[:index]))
+
 
 class Context:
     """One llama.cpp context holding n_seq sequences (the KV slots), all decoded in one batch."""
@@ -222,7 +236,7 @@ class Context:
         params = _lc.llama_context_default_params()
         params.n_ctx = shape.n_ctx_per_seq * shape.n_seq
         params.n_batch = shape.n_batch
-        params.n_ubatch = min(shape.n_batch, 512)
+        params.n_ubatch = shape.n_ubatch
         params.n_seq_max = shape.n_seq
         params.n_threads = shape.n_threads
         params.n_threads_batch = shape.n_threads

@@ -9,7 +9,7 @@ from pathlib import Path
 from runner.chat_template import ChatTemplate, Message
 from runner.engine import Engine
 from runner.gguf_file import GgufInfo, read_gguf
-from runner.llama import ContextShape, Model
+from runner.llama import Context, ContextShape, Model
 from runner.memory_plan import MemoryPlan
 from runner.model_runner import ModelRunner
 from runner.options import EngineOptions
@@ -18,7 +18,7 @@ from runner import model_drafter, ngram_drafter  # noqa: F401  (register the bui
 from runner.catalog import ModelRef
 from runner.drafter import make_drafter
 from runner.speculator import SpecMode, Speculator
-from runner.step_costs import StepCosts, cached_table, calibration_key, measure
+from runner.step_costs import ShapeCosts, StepCosts, cached_costs, calibration_key, measure
 from runner.store import ModelStore
 
 
@@ -84,11 +84,10 @@ class LoadedModel:
             return None
         target_costs = None
         if mode is SpecMode.AUTO:
-            key = calibration_key(self.path, opts.threads, opts.n_gpu_layers)
-            target_costs = cached_table(store.root, key, lambda: measure(self.runner.context, 0))
+            target_costs = self._costs(store, self.path, self.runner.context, log)
         if draft == "ngram":
             drafter = make_drafter("ngram")
-            costs = StepCosts(target_costs) if target_costs else None
+            draft_costs = None
         else:
             draft_path, draft_ref = store.resolve(draft)
             both = self.memory_plan.with_draft(MemoryPlan.for_model(read_gguf(draft_path), opts))
@@ -100,12 +99,22 @@ class LoadedModel:
             except BaseException:
                 draft_model.close()
                 raise
-            costs = None
-            if target_costs:
-                key = calibration_key(draft_path, opts.threads, opts.n_gpu_layers)
-                costs = StepCosts(target_costs, cached_table(store.root, key, lambda: measure(drafter.context, 0)))
+            draft_costs = self._costs(store, draft_path, drafter.context, log) if target_costs else None
+        costs = None
+        if target_costs:
+            costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)
         log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
         return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs)
+
+    def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
+        opts, shape = self.options, context.shape
+        key = calibration_key(path, opts.threads, opts.n_gpu_layers, shape.n_seq, shape.n_ubatch)
+
+        def calibrate() -> ShapeCosts:
+            log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
+            return measure(context)
+
+        return cached_costs(store.root, key, calibrate)
 
     def chat_prompt_ids(self, messages: list[Message]) -> tuple[int, ...]:
         """Render the chat template and tokenize it (specials parsed; BOS added only if missing)."""

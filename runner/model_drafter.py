@@ -46,7 +46,7 @@ class ModelDrafter:
         self._samplers: dict[int, tuple[str, Sampler]] = {}  # per slot: (request id, its draft sampler)
 
     def propose(self, jobs: list[DraftJob]) -> None:
-        jobs = [j for j in jobs if j.k > 0]
+        jobs = sorted((j for j in jobs if j.k > 0), key=lambda j: j.slot_id)  # slot order: fewer micro-batches
         if not jobs:
             return
         logits = self._catch_up(jobs)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from runner.llama import Batch, Context, ContextShape, Model
+from runner.micro_batches import Padding, Row as MicroRow, pad
 from runner.scheduler import BatchRow
 
 TRACE_ENV = "RUNNER_BATCH_TRACE"  # a path: record every batch's shape and KV edit (bench/parallel.py replays it)
@@ -22,16 +23,52 @@ class ModelRunner:
         trace_path = os.environ.get(TRACE_ENV)
         self._trace_path = Path(trace_path) if trace_path else None
         self._trace: list[list] = []
+        self.pads_batches = not batch_invariant(self.context, self._batch)
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
-        """Put every row into one batch, run one llama_decode, return the logits rows (a view)."""
+        """Put every row into one batch, run one llama_decode, return the logits rows (a view).
+
+        Rows go in slot order (consecutive slots share llama.cpp's micro-batches); where the
+        kernels are not batch-invariant, micro-batches are padded (see micro_batches)."""
+        rows = sorted(rows, key=lambda r: r.slot.id)
+        padding = self._padding(rows) if self.pads_batches else None
         batch = self._batch
         batch.clear()
-        for row in rows:
-            row.first_logit = batch.add(row.slot.id, row.token_ids, row.first_pos, row.n_logits)
+        starts, junk_rows = [], []
+        for i, row in enumerate(rows):
+            starts.append(batch.n_tokens)
+            batch.add(row.slot.id, row.token_ids, row.first_pos, row.n_logits)
+            if padding and padding.junk[i]:
+                first_junk = row.first_pos + len(row.token_ids)
+                batch.add(row.slot.id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
+                junk_rows.append((row.slot.id, first_junk))
+        if padding:
+            for start, offsets in zip(starts, padding.extra_logits):
+                for offset in offsets:
+                    batch.set_logits(start + offset)
+        for row, start in zip(rows, starts):
+            row.first_logit = batch.output_row(start + len(row.token_ids) - row.n_logits) if row.n_logits else -1
         if self._trace_path:
-            self._trace.append(["decode", [[r.slot.id, r.token_ids, r.first_pos, r.n_logits] for r in rows]])
-        return self.context.decode(batch)
+            self._trace.append(["decode", self._traced_rows(rows, starts)])
+        logits = self.context.decode(batch)
+        for seq_id, first_junk in junk_rows:
+            self.kv_remove(seq_id, first_junk, -1)
+        return logits
+
+    def _padding(self, rows: list[BatchRow]) -> Padding | None:
+        shape = self.context.shape
+        spec = [MicroRow(r.slot.id, len(r.token_ids), r.n_logits) for r in rows]
+        room = [shape.n_ctx_per_seq - r.first_pos - len(r.token_ids) for r in rows]
+        padding = pad(spec, shape.n_ubatch, room)
+        return None if padding.is_empty else padding
+
+    def _traced_rows(self, rows: list[BatchRow], starts: list[int]) -> list[list]:
+        """[seq, tokens (junk included), first_pos, offsets of the tokens that output logits]."""
+        batch = self._batch
+        ends = starts[1:] + [batch.n_tokens]
+        return [[row.slot.id, batch.token_ids[start:end].tolist(), row.first_pos,
+                 np.flatnonzero(batch.wants_logits[start:end]).tolist()]
+                for row, start, end in zip(rows, starts, ends)]
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         if self._trace_path:
@@ -48,3 +85,17 @@ class ModelRunner:
         if self._trace_path:
             self._trace_path.write_text("\n".join(json.dumps(op) for op in self._trace))
         self.context.close()  # the model is owned (and freed) by whoever loaded it
+
+
+def batch_invariant(context: Context, batch: Batch) -> bool:
+    """Does a token get the same logits alone as at the head of a two-token row? (see micro_batches)
+
+    Probed once on the empty context: F16 weights on x86 say no, the quantized types yes."""
+    token = max(context.model.bos_id, 0)
+    rows = []
+    for n in (1, 2):
+        batch.clear()
+        batch.add(0, [token] * n, 0, n)
+        rows.append(context.decode(batch)[0].copy())
+        context.kv_remove(0, 0, -1)
+    return bool(np.array_equal(rows[0], rows[1]))

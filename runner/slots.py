@@ -132,12 +132,18 @@ class SlotPool:
         hashes = block_hashes(prompt_ids)
         limit = len(prompt_ids) - 1
         prefix = {s.id: min(s.prefix_len(prompt_ids, hashes), limit) for s in self.slots}
-        own = max(free, key=lambda s: (prefix[s.id], s.n_cached == 0, -s.last_used))
+        # whole blocks of prefix first; then a slot next to busy ones (llama.cpp decodes a run of
+        # consecutive slots in one graph run, a gap costs another); then an empty slot, then LRU
+        own = max(free, key=lambda s: (prefix[s.id] // BLOCK_LEN, self._busy_neighbours(s), prefix[s.id],
+                                       s.n_cached == 0, -s.last_used))
         holder = max(self.slots, key=lambda s: prefix[s.id])
         if prefix[holder.id] - prefix[own.id] < MIN_COPY_GAIN:
             return Placement(own, prefix[own.id])
-        lru = min(free, key=lambda s: (s.n_cached > 0, s.last_used))  # empty slots first, then LRU
+        lru = min(free, key=lambda s: (-self._busy_neighbours(s), s.n_cached > 0, s.last_used))
         return Placement(lru, prefix[holder.id], holder)
+
+    def _busy_neighbours(self, slot: Slot) -> int:
+        return sum(1 for i in (slot.id - 1, slot.id + 1) if 0 <= i < len(self.slots) and not self.slots[i].is_free)
 
     def occupy(self, slot: Slot, seq: Sequence, n_reused: int) -> None:
         self._clock += 1

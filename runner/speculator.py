@@ -13,6 +13,7 @@ from enum import Enum
 from runner.drafter import DraftJob, Drafter
 from runner.scheduler import BatchPlan, BatchRow
 from runner.slots import SlotState
+from runner.micro_batches import Row
 from runner.step_costs import StepCosts
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
@@ -173,15 +174,16 @@ class Speculator:
                 g.append(p)
             gains[r.slot.id] = g
         drafting = {id(r) for r in rows}
-        other_rows = [len(r.token_ids) for r in plan.rows if id(r) not in drafting]
-        catch_up = [0] * len(rows)
+        other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
+        catch_up = None
         if not self.drafter.is_free:  # a draft model must first read what it missed (a new prompt: all of it)
-            catch_up = [self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token]) for r in rows]
+            catch_up = {r.slot.id: self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token])
+                        for r in rows}
 
         def rate(ks: dict[int, int]) -> float:
             expected = sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
-            lens = other_rows + [1 + ks[sid] for sid in order]
-            return expected / costs.step_s(lens, [ks[sid] for sid in order], catch_up)
+            step_rows = other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order]
+            return expected / costs.step_s(step_rows, ks, catch_up)
 
         best = {sid: 0 for sid in order}
         best_rate = rate(best)

@@ -11,13 +11,16 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.llama import Batch, Context
+from runner.micro_batches import Row, pad, split
 
-SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens of one sequence (verification and prefill rows)
+SEQ_COUNTS = (2, 4, 8, 16)  # micro-batches of several sequences, each with ...
+TOKENS_EACH = (1, 2, 3, 4, 5, 6, 8)  # ... this many tokens
 N_REPEATS = 3
 CALIBRATION_FILE = "calibration.json"
 
@@ -29,7 +32,7 @@ class CostTable:
     sizes: tuple[int, ...]
     seconds: tuple[float, ...]
 
-    def __call__(self, n_tokens: int) -> float:
+    def __call__(self, n_tokens: float) -> float:
         if n_tokens <= 0:
             return 0.0
         xs, ys = self.sizes, self.seconds
@@ -42,58 +45,96 @@ class CostTable:
         return ys[-1] + slope * (n_tokens - xs[-1])
 
 
-def equal_split_s(table: CostTable, row_lens: list[int]) -> float:
-    """Cost of one llama_decode whose rows (one per sequence) have these lengths.
+@dataclass(frozen=True)
+class ShapeCosts:
+    """Seconds per graph run of n_seqs sequences with the same number of tokens each.
 
-    NOTE: with one KV stream per sequence, llama.cpp splits a batch into micro-batches that take
-    the same number of tokens from every sequence still in it, so rows of unequal length cost
-    one graph run per distinct length: (5, 1, 1, 1) runs as 4x1 tokens, then 1x4."""
-    left = sorted(n for n in row_lens if n > 0)
-    total, done = 0.0, 0
-    while left:
-        take = left[0] - done
-        total += table(take * len(left))
-        done = left[0]
-        left = [n for n in left if n > done]
-    return total
+    Several sequences cost more than one with as many tokens (attention runs per KV stream),
+    so each sequence count measured has its own table; counts in between are interpolated and
+    counts above the largest measured one are priced by their total tokens."""
+
+    by_seqs: dict[int, CostTable]
+
+    @classmethod
+    def single(cls, table: CostTable) -> ShapeCosts:
+        return cls({1: table})
+
+    def micro_batch_s(self, n_seqs: int, n_each: int) -> float:
+        if n_seqs in self.by_seqs:
+            return self.by_seqs[n_seqs](n_each)
+        lower = max(c for c in self.by_seqs if c < n_seqs)
+        upper = min((c for c in self.by_seqs if c > n_seqs), default=None)
+        if upper is None:
+            return self.by_seqs[lower](n_each * n_seqs / lower)
+        w = (n_seqs - lower) / (upper - lower)
+        return (1 - w) * self.by_seqs[lower](n_each) + w * self.by_seqs[upper](n_each)
+
+    def batch_s(self, rows: Sequence[Row], n_ubatch: int, pads: bool = False) -> float:
+        """One llama_decode of these rows: its micro-batches (micro_batches.split), padded if asked."""
+        rows = sorted(rows, key=lambda r: r.seq_id)
+        if pads:
+            junk = pad(rows, n_ubatch).junk
+            rows = [Row(r.seq_id, r.n_tokens + j, r.n_logits) for r, j in zip(rows, junk)]
+        return sum(self.micro_batch_s(len(mb), mb[0].n) for mb in split(rows, n_ubatch))
+
+    def to_json(self) -> dict:
+        return {str(n): {"sizes": list(t.sizes), "seconds": list(t.seconds)} for n, t in self.by_seqs.items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ShapeCosts:
+        return cls({int(n): CostTable(tuple(t["sizes"]), tuple(t["seconds"])) for n, t in data.items()})
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    target: CostTable
-    draft: CostTable | None = None  # None: drafting is free (n-gram)
+    target: ShapeCosts
+    draft: ShapeCosts | None = None  # None: drafting is free (n-gram)
+    n_ubatch: int = 512
+    pads: bool = False  # the target's batches are padded to stay batch-invariant
 
-    def step_s(self, row_lens: list[int], ks: list[int], catch_up: list[int] | None = None) -> float:
-        """Time of one step: the target batch (its rows' lengths, drafts included) plus one
-        draft decode per draft depth. catch_up[i]: committed tokens slot i's draft KV lacks."""
-        total = equal_split_s(self.target, row_lens)
+    def step_s(self, rows: Sequence[Row], ks: dict[int, int], catch_up: dict[int, int] | None = None) -> float:
+        """Time of one step: the target batch (rows with their drafts) plus, for a draft model,
+        one draft decode per draft depth. catch_up[seq]: committed tokens its draft KV lacks."""
+        total = self.target.batch_s(rows, self.n_ubatch, self.pads)
         if self.draft is not None:
-            for depth in range(1, max(ks, default=0) + 1):
-                drafting = [i for i, k in enumerate(ks) if k >= depth]
-                n_tokens = sum(catch_up[i] for i in drafting) if catch_up and depth == 1 else len(drafting)
-                total += self.draft(n_tokens)
+            for depth in range(1, max(ks.values(), default=0) + 1):
+                drafting = [seq for seq, k in ks.items() if k >= depth]
+                lens = {seq: (catch_up or {}).get(seq, 1) if depth == 1 else 1 for seq in drafting}
+                total += self.draft.batch_s([Row(seq, max(1, n)) for seq, n in lens.items()], self.n_ubatch)
         return total
 
 
-def measure(context: Context, seq_id: int, sizes: tuple[int, ...] = SIZES) -> CostTable:
-    """Time decodes of n tokens (all outputting logits, like verification rows) in a scratch sequence."""
-    batch = Batch(max(sizes))
-    seconds = []
-    for n in sizes:
-        runs = []
-        for _ in range(N_REPEATS + 1):  # the first run of each size warms up
-            batch.clear()
-            batch.add(seq_id, [1] * n, 0, n)
-            started = time.perf_counter()
-            context.decode(batch)
-            runs.append(time.perf_counter() - started)
-            context.kv_remove(seq_id, 0, -1)
-        seconds.append(statistics.median(runs[1:]))
-    return CostTable(tuple(sizes), tuple(seconds))
+def _time_decode(context: Context, batch: Batch, n_seqs: int, n_each: int) -> float:
+    runs = []
+    for _ in range(N_REPEATS + 1):  # the first run of each shape warms up
+        batch.clear()
+        for seq in range(n_seqs):
+            batch.add(seq, [1] * n_each, 0, n_each)
+        started = time.perf_counter()
+        context.decode(batch)
+        runs.append(time.perf_counter() - started)
+        for seq in range(n_seqs):
+            context.kv_remove(seq, 0, -1)
+    return statistics.median(runs[1:])
 
 
-def cached_table(cache_dir: Path, key: str, make: Callable[[], CostTable]) -> CostTable:
-    """The table for `key` from the calibration file, measured and stored when missing."""
+def measure(context: Context) -> ShapeCosts:
+    """Time decodes (every token outputting logits, like verification rows) of one sequence with
+    1..64 tokens, and of 2..16 sequences with 1..8 tokens each, in the context's empty sequences."""
+    shape = context.shape
+    batch = Batch(shape.n_batch)
+    fits = lambda n_seqs, n_each: n_seqs <= shape.n_seq and n_each <= shape.n_ctx_per_seq and n_seqs * n_each <= min(
+        shape.n_batch, shape.n_ubatch)
+    by_seqs = {}
+    for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS]:
+        measured = [n for n in sizes if fits(n_seqs, n)]
+        if len(measured) >= 2:
+            by_seqs[n_seqs] = CostTable(tuple(measured), tuple(_time_decode(context, batch, n_seqs, n) for n in measured))
+    return ShapeCosts(by_seqs)
+
+
+def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> ShapeCosts:
+    """The costs for `key` from the calibration file, measured and stored when missing."""
     path = cache_dir / CALIBRATION_FILE
     try:
         data = json.loads(path.read_text())
@@ -101,15 +142,16 @@ def cached_table(cache_dir: Path, key: str, make: Callable[[], CostTable]) -> Co
         data = {}
     entry = data.get(key)
     if entry:
-        return CostTable(tuple(entry["sizes"]), tuple(entry["seconds"]))
-    table = make()
-    data[key] = {"sizes": list(table.sizes), "seconds": list(table.seconds)}
+        return ShapeCosts.from_json(entry)
+    costs = make()
+    data[key] = costs.to_json()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-    return table
+    return costs
 
 
-def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int) -> str:
+def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: int, n_ubatch: int) -> str:
     stat = model_path.stat()
-    return f"{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}:{platform.machine()}:{platform.node()}"
+    return (f"v2:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
+            f":s{min(n_seq, max(SEQ_COUNTS))}:u{n_ubatch}:{platform.machine()}:{platform.node()}")

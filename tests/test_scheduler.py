@@ -202,3 +202,18 @@ def test_block_hashes_never_replace_the_token_check() -> None:
     assert slot.cached_ids == long_prompt(1, 65)
     slot.append([5] * 70)
     assert slot.prefix_len(tuple(slot.cached_ids), block_hashes(slot.cached_ids)) == 135
+
+
+def test_a_new_request_fills_the_gap_between_busy_slots() -> None:
+    # llama.cpp decodes a run of consecutive slot ids as one graph run; a gap costs a second one
+    engine, rt = make_engine(n_slots=5)
+    for i, max_tokens in enumerate([30, 2, 30, 30]):
+        submit(engine, f"r{i}", [10 + i, 20 + i], max_tokens=max_tokens)
+    engine.step()
+    assert [s.seq.request_id if s.seq else None for s in engine.scheduler.pool.slots] == ["r0", "r1", "r2", "r3", None]
+    while engine.scheduler.pool.slots[1].seq is not None:
+        engine.step()
+    submit(engine, "new", [50, 51], max_tokens=2)  # slot 4 is empty, slot 1 idle between busy ones
+    engine.step()
+    assert engine.scheduler.pool.slots[1].seq.request_id == "new"
+    assert engine.scheduler.pool.slots[4].seq is None

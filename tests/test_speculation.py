@@ -180,11 +180,11 @@ def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None
     from runner.ngram_drafter import NgramDrafter
     from runner.scheduler import Scheduler
     from runner.speculator import SpecMode, Speculator
-    from runner.step_costs import CostTable, StepCosts
+    from runner.step_costs import CostTable, ShapeCosts, StepCosts
 
     def auto_ks(table: CostTable) -> list[int]:
         rt = FakeRuntime()
-        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(table))
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts.single(table)))
         engine = Engine(rt, Scheduler(1, 256, 64, 4, rt), rt, spec)
         # the fake model counts up, so a prompt that already counted up makes n-gram drafts that match
         engine.submit(GenerationRequest("a", tuple(list(range(1, 30)) + list(range(1, 5))), SamplingParams(temperature=0),

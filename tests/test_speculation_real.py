@@ -1,9 +1,8 @@
 """Speculation on SmolLM2 with catalog variants as target/draft pairs, and n-gram lookup.
 
-NOTE: the targets here are quantized (Q8_0, Q4_1): llama.cpp's CPU kernels give them bit-identical
-logits whatever the batch shape, so verification rows must reproduce plain decoding exactly. With
-F16 weights they do not (a 5-token batch differs from 1-token decodes by up to 0.03 in a logit, from
-llama.cpp's tiled F16 GEMM), so an F16 target can flip a near-tie; see docs/benchmarks.md."""
+NOTE: with F16 weights llama.cpp's CPU kernels are not batch-invariant (a token decoded alone
+differs from one in a wider batch by up to 0.03 in a logit), so the runner pads one-token
+micro-batches (runner/micro_batches.py); the F16 pairs below fail without that."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ PROMPTS = [f"<|im_start|>user\nWrite two sentences about {t}.<|im_end|>\n<|im_st
 @pytest.fixture(scope="module")
 def variants(smollm2_path: Path, model_cache: Path) -> dict[str, Path]:
     store = ModelStore(root=model_cache)
-    paths = {v: pull(store.catalog.resolve(f"smollm2-135m-instruct:{v}"), store, quiet=True) for v in ("q8_0", "q4_0")}
+    paths = {v: pull(store.catalog.resolve(f"smollm2-135m-instruct:{v}"), store, quiet=True) for v in ("f16", "q8_0", "q4_0")}
     return {**paths, "q4_1": smollm2_path}
 
 
@@ -48,7 +47,7 @@ def generate(loaded: LoadedModel, max_tokens: int, speculate: list[bool]) -> lis
 @pytest.fixture(scope="module")
 def plain(variants: dict[str, Path]) -> dict[str, dict[int, list[list[int]]]]:
     out = {}
-    for target in ("q8_0", "q4_1"):
+    for target in ("f16", "q8_0", "q4_1"):
         loaded = LoadedModel(variants[target], EngineOptions(parallel=1, ctx_size=512), log=lambda _: None)
         try:
             out[target] = {n: generate(loaded, n, [False] * len(PROMPTS)) for n in (12, 40)}
@@ -58,6 +57,7 @@ def plain(variants: dict[str, Path]) -> dict[str, dict[int, list[list[int]]]]:
 
 
 @pytest.mark.parametrize(("target", "draft", "parallel"), [
+    ("f16", "q8_0", 1), ("f16", "q4_0", 4), ("f16", "ngram", 4),
     ("q8_0", "q4_0", 1), ("q8_0", "q4_0", 4), ("q4_1", "q8_0", 4), ("q8_0", "ngram", 4), ("q4_1", "ngram", 1),
 ])
 def test_greedy_identity_with_speculation(variants: dict[str, Path], plain: dict[str, dict[int, list[list[int]]]],

@@ -1,0 +1,96 @@
+"""llama.cpp's micro-batch split as we model it, the padding that keeps kernels batch-invariant,
+and the ModelRunner applying it on the tiny model (F32 weights: not batch-invariant on x86)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runner.llama import ContextShape, Model
+from runner.micro_batches import Piece, Row, n_graph_runs, pad, split
+from runner.model_runner import ModelRunner
+from runner.scheduler import BatchRow
+from runner.slots import Slot
+
+
+def shapes(rows: list[Row], n_ubatch: int = 512) -> list[list[tuple[int, int, int]]]:
+    return [[(p.row, p.start, p.n) for p in mb] for mb in split(rows, n_ubatch)]
+
+
+def test_consecutive_slots_share_one_micro_batch_and_gaps_split_it() -> None:
+    assert shapes([Row(0, 1), Row(1, 1), Row(2, 1), Row(3, 1)]) == [[(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1)]]
+    assert n_graph_runs([Row(0, 1), Row(2, 1), Row(4, 1), Row(6, 1)], 512) == 4
+    assert n_graph_runs([Row(3, 1), Row(2, 1), Row(1, 1), Row(0, 1)], 512) == 4  # ids must count up in batch order
+    assert shapes([Row(2, 1), Row(0, 1), Row(1, 1)]) == [[(0, 0, 1)], [(1, 0, 1), (2, 0, 1)]]
+
+
+def test_unequal_rows_run_in_lockstep_then_alone() -> None:
+    assert shapes([Row(0, 5), Row(1, 1), Row(2, 1), Row(3, 1)]) == [
+        [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1)], [(0, 1, 4)]]
+    # a sequence that ran out ends the run: rows 0 and 2 are no longer neighbours
+    assert shapes([Row(0, 2), Row(1, 1), Row(2, 2)]) == [[(0, 0, 1), (1, 0, 1), (2, 0, 1)], [(0, 1, 1)], [(2, 1, 1)]]
+    assert shapes([Row(0, 600)]) == [[(0, 0, 512)], [(0, 512, 88)]]
+    assert shapes([Row(0, 300), Row(1, 300)]) == [[(0, 0, 256), (1, 0, 256)], [(0, 256, 44), (1, 256, 44)]]
+    assert split([Row(0, 3)], 512) == [[Piece(0, 0, 3)]]
+
+
+def test_padding_widens_lone_tokens_and_lone_logits_rows() -> None:
+    one = pad([Row(0, 1, 1)], 512)
+    assert one.junk == [1] and one.extra_logits == [[1]]  # decode row + junk, junk's logits too
+    mixed = pad([Row(0, 2, 2), Row(1, 1, 1)], 512)  # a verify row's last token would run alone
+    assert mixed.junk == [1, 0] and mixed.extra_logits == [[2], []]
+    prefill = pad([Row(0, 10, 1)], 512)  # ten tokens, one logits row
+    assert prefill.junk == [0] and prefill.extra_logits == [[0]]
+    assert pad([Row(0, 1, 1), Row(1, 1, 1)], 512).is_empty
+    assert pad([Row(0, 3, 3), Row(1, 3, 1), Row(2, 3, 0)], 512).is_empty
+    full = pad([Row(0, 1, 1)], 512, room=[0])  # the context's last position: nowhere to put junk
+    assert full.junk == [0] and full.extra_logits == [[]]
+
+
+@pytest.fixture
+def runner(tiny_model: Model):
+    r = ModelRunner(tiny_model, ContextShape(n_seq=4, n_ctx_per_seq=64, n_batch=64, n_threads=2, kv_unified=False))
+    yield r
+    r.close()
+
+
+def rows_for(spec: list[tuple[int, list[int], int, int]]) -> list[BatchRow]:
+    return [BatchRow(Slot(seq), tokens, pos, n_logits) for seq, tokens, pos, n_logits in spec]
+
+
+def test_a_token_gets_the_same_logits_alone_as_in_a_wide_batch(runner: ModelRunner) -> None:
+    assert runner.pads_batches  # F32 weights use tinyBLAS only for two or more columns
+    prompt = [5, 9, 14, 3, 7, 11]
+    for seq in range(4):
+        runner.decode(rows_for([(seq, prompt, 0, 1)]))
+    alone = rows_for([(0, [20], 6, 1)])
+    logits_alone = runner.decode(alone)[alone[0].first_logit].copy()
+    assert runner.context.kv_pos_max(0) == 6  # the junk position is gone again
+    runner.kv_remove(0, 6, -1)
+    wide = rows_for([(2, [21], 6, 1), (0, [20, 30, 31], 6, 3), (1, [22], 6, 1)])  # out of slot order on purpose
+    logits_wide = runner.decode(wide)
+    assert np.array_equal(logits_wide[wide[1].first_logit], logits_alone)
+    assert [r.first_logit for r in wide] == [4, 0, 3]  # rows are laid out in slot order: 0, 1, 2
+    assert [runner.context.kv_pos_max(s) for s in range(4)] == [8, 6, 6, 5]
+
+
+def test_without_padding_the_tiny_model_would_differ(runner: ModelRunner) -> None:
+    runner.pads_batches = False  # what the probe guards against
+    runner.decode(rows_for([(0, [5, 9, 14], 0, 1)]))
+    alone = runner.decode(rows_for([(0, [20], 3, 1)]))[0].copy()
+    runner.kv_remove(0, 3, -1)
+    pair = runner.decode(rows_for([(0, [20, 21], 3, 2)]))[0]
+    assert not np.array_equal(alone, pair)
+
+
+def test_step_cost_of_a_batch_is_the_sum_of_its_micro_batches() -> None:
+    from runner.step_costs import CostTable, ShapeCosts
+
+    costs = ShapeCosts({1: CostTable((1, 8), (0.010, 0.024)), 4: CostTable((1, 8), (0.020, 0.090))})
+    assert costs.micro_batch_s(4, 1) == 0.020
+    assert costs.micro_batch_s(2, 1) == pytest.approx(0.010 + (0.020 - 0.010) / 3)  # between 1 and 4 sequences
+    assert costs.micro_batch_s(8, 1) == pytest.approx(0.020 + 0.070 / 7)  # above 4: 4 sequences, same total tokens
+    assert costs.batch_s([Row(0, 1), Row(1, 1)], 512) == pytest.approx(costs.micro_batch_s(2, 1))
+    assert costs.batch_s([Row(0, 1), Row(2, 1)], 512) == pytest.approx(0.020)  # a gap: two graph runs
+    assert costs.batch_s([Row(1, 3), Row(0, 1)], 512) == pytest.approx(costs.micro_batch_s(2, 1) + 0.012)
+    assert costs.batch_s([Row(0, 1, 1)], 512, pads=True) == pytest.approx(0.012)  # padded to two tokens
