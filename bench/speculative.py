@@ -3,7 +3,9 @@
     python bench/speculative.py [--target smollm2-135m-instruct:f16] [--concurrency 1 4 8] [--max-tokens 64]
 
 Workloads: free chat (open questions) and input-grounded (repeat / rewrite a given text, so the
-output copies the prompt). Modes: off; each drafter forced on; each drafter with auto.
+output copies the prompt). Modes: off; off without batch padding (`--batch-invariant off`: the
+speed an F16 target gives up to stay batch-invariant, for reference); each drafter forced on;
+each drafter with auto.
 Engine in-process (no HTTP), greedy, each request runs to --max-tokens.
 """
 
@@ -60,7 +62,9 @@ def run_cell(loaded: LoadedModel, texts: list[str], max_tokens: int) -> tuple[fl
 def measure(target: Path, c: int, draft: str, spec: str, texts: list[str],
             args: argparse.Namespace) -> tuple[float, float, int, int, int]:
     """(tok/s, tokens, drafts proposed, accepted, draft runs) of one cell."""
-    opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft, spec=spec, draft_max=args.draft_max)
+    invariant = "off" if spec == "unpadded" else "auto"
+    opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft,
+                         spec="off" if spec == "unpadded" else spec, draft_max=args.draft_max, batch_invariant=invariant)
     loaded = LoadedModel(target, opts, log=lambda _: None)
     try:
         run_cell(loaded, texts[:1], 8)  # warm-up (and calibration for auto, outside the timing)
@@ -80,20 +84,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--draft-max", type=int, default=4)
+    ap.add_argument("--spec", nargs="+", default=["on", "auto"], help="the --spec modes to run each drafter in")
+    ap.add_argument("--workloads", nargs="+", default=["free chat", "grounded"])
     ap.add_argument("--repeats", type=int, default=3, help="rounds of all modes; ratios are medians over rounds")
     args = ap.parse_args()
     target = model_path(args.target)
     for d in args.drafts:
         if d != "ngram":
             model_path(d)
-    modes = [("off", "", "off")] + [(f"{d.split(':')[-1]} {m}", d, m) for d in args.drafts for m in ("on", "auto")]
+    modes = [("off", "", "off"), ("off unpadded", "", "unpadded")]
+    modes += [(f"{d.split(':')[-1]} {m}", d, m) for d in args.drafts for m in args.spec]
     rows = []
-    for workload in ("free chat", "grounded"):
+    for workload in args.workloads:
         for c in args.concurrency:
             texts = prompts(workload, c)
             cells: dict[str, list[tuple[float, float, int, int, int]]] = {label: [] for label, _, _ in modes}
-            for _ in range(args.repeats):  # every mode once per round, so each ratio has its own `off`
-                for label, draft, spec in modes:
+            for r in range(args.repeats):  # every mode once per round, so each ratio has its own `off`
+                for label, draft, spec in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotated: drift spreads
                     cells[label].append(measure(target, c, draft, spec, texts, args))
             ratios = {label: [] for label in cells}
             for r in range(args.repeats):

@@ -16,14 +16,14 @@ TRACE_ENV = "RUNNER_BATCH_TRACE"  # a path: record every batch's shape and KV ed
 
 
 class ModelRunner:
-    def __init__(self, model: Model, shape: ContextShape) -> None:
+    def __init__(self, model: Model, shape: ContextShape, may_pad: bool = True) -> None:
         self.model = model
         self.context = Context(model, shape)
         self._batch = Batch(shape.n_batch)
         trace_path = os.environ.get(TRACE_ENV)
         self._trace_path = Path(trace_path) if trace_path else None
         self._trace: list[list] = []
-        self.pads_batches = not batch_invariant(self.context, self._batch)
+        self.pads_batches = may_pad and not batch_invariant(self.context, self._batch)
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
         """Put every row into one batch, run one llama_decode, return the logits rows (a view).

@@ -31,6 +31,10 @@ class EngineOptions:
     draft_max: int = _opt(4, "most tokens drafted per slot and step")
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
+    batch_invariant: str = _opt("auto", "auto: where llama.cpp's kernels would make a token's logits depend on "
+                                        "what shares its step (F16 weights on x86), pad batches so output is the "
+                                        "same alone, under load and with speculation (costs single-stream speed); "
+                                        "off: never pad", choices=("auto", "off"))
 
 
 SAMPLING_HELP = {

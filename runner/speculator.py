@@ -18,6 +18,7 @@ from runner.step_costs import StepCosts
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6
+STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
 EXPLORE_EVERY = 32  # auto, free drafters: when nothing drafts, every slot probes 1 token this often
 
 
@@ -157,10 +158,8 @@ class Speculator:
         return self._choose_auto(plan, rows, caps, room)
 
     def _choose_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
-        """The ks with the most expected tokens per second of step time.
-
-        Candidates: the same k for every slot (equal rows keep the batch in one micro-batch),
-        and a greedy per-slot search from the best of those."""
+        """The ks with the most expected tokens per second of step time, among the same k for
+        every slot (equal rows keep the batch in one micro-batch)."""
         costs = self.costs
         assert costs is not None
         prior = self.overall.overall if self.n_proposed >= 8 else PRIOR_ACCEPT
@@ -176,32 +175,30 @@ class Speculator:
         drafting = {id(r) for r in rows}
         other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
         catch_up = None
-        if not self.drafter.is_free:  # a draft model must first read what it missed (a new prompt: all of it)
-            catch_up = {r.slot.id: self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token])
-                        for r in rows}
+        if not self.drafter.is_free:
+            # a draft model first reads what its KV lacks: one or two tokens while it keeps drafting,
+            # a whole prompt (or all it skipped) the first time. That backlog is paid once whenever
+            # drafting starts, so it is priced as in steady state; charging it to one step would
+            # keep auto from ever starting (and the backlog from ever shrinking).
+            catch_up = {r.slot.id: min(STEADY_CATCH_UP, self.drafter.catch_up_len(
+                r.slot.id, r.slot.cached_ids + [r.slot.next_token])) for r in rows}
 
         def rate(ks: dict[int, int]) -> float:
             expected = sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
             step_rows = other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order]
             return expected / costs.step_s(step_rows, ks, catch_up)
 
+        # NOTE: only uniform ks (capped by what each slot's drafter found) are tried. Unequal rows
+        # split the batch into more graph runs, which on a CPU costs more than fitting k per slot
+        # gains; a per-slot search also cost milliseconds per step at 8 slots.
         best = {sid: 0 for sid in order}
         best_rate = rate(best)
         for k in range(1, self.k_max + 1):
             trial = {sid: min(k, len(gains[sid])) for sid in order}
+            if trial == best:
+                break  # no slot has more drafts to offer
             if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
                 best, best_rate = trial, r
-        while sum(best.values()) < room:  # then per slot, one draft at a time
-            pick, pick_rate = None, best_rate
-            for sid in order:
-                if best[sid] < len(gains[sid]):
-                    trial = {**best, sid: best[sid] + 1}
-                    if (r := rate(trial)) > pick_rate:
-                        pick, pick_rate = sid, r
-            if pick is None:
-                break
-            best[pick] += 1
-            best_rate = pick_rate
         self._n_steps += 1
         if self.drafter.is_free and not any(best.values()) and self._n_steps % EXPLORE_EVERY == 0:
             # keep learning while drafting looks unprofitable: all slots probe together (equal rows)

@@ -12,7 +12,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.llama import Batch, Context
@@ -21,7 +21,8 @@ from runner.micro_batches import Row, pad, split
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens of one sequence (verification and prefill rows)
 SEQ_COUNTS = (2, 4, 8, 16)  # micro-batches of several sequences, each with ...
 TOKENS_EACH = (1, 2, 3, 4, 5, 6, 8)  # ... this many tokens
-N_REPEATS = 3
+N_REPEATS = 4
+MEMO_MAX = 50_000
 CALIBRATION_FILE = "calibration.json"
 
 
@@ -91,10 +92,20 @@ class StepCosts:
     draft: ShapeCosts | None = None  # None: drafting is free (n-gram)
     n_ubatch: int = 512
     pads: bool = False  # the target's batches are padded to stay batch-invariant
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # the same shapes recur step after step
 
     def step_s(self, rows: Sequence[Row], ks: dict[int, int], catch_up: dict[int, int] | None = None) -> float:
         """Time of one step: the target batch (rows with their drafts) plus, for a draft model,
         one draft decode per draft depth. catch_up[seq]: committed tokens its draft KV lacks."""
+        key = (tuple(rows), tuple(ks.items()), tuple(catch_up.items()) if catch_up else None)
+        seconds = self._memo.get(key)
+        if seconds is None:
+            if len(self._memo) > MEMO_MAX:
+                self._memo.clear()
+            seconds = self._memo[key] = self._step_s(rows, ks, catch_up)
+        return seconds
+
+    def _step_s(self, rows: Sequence[Row], ks: dict[int, int], catch_up: dict[int, int] | None) -> float:
         total = self.target.batch_s(rows, self.n_ubatch, self.pads)
         if self.draft is not None:
             for depth in range(1, max(ks.values(), default=0) + 1):
@@ -105,31 +116,42 @@ class StepCosts:
 
 
 def _time_decode(context: Context, batch: Batch, n_seqs: int, n_each: int) -> float:
-    runs = []
-    for _ in range(N_REPEATS + 1):  # the first run of each shape warms up
-        batch.clear()
-        for seq in range(n_seqs):
-            batch.add(seq, [1] * n_each, 0, n_each)
-        started = time.perf_counter()
-        context.decode(batch)
-        runs.append(time.perf_counter() - started)
-        for seq in range(n_seqs):
-            context.kv_remove(seq, 0, -1)
-    return statistics.median(runs[1:])
+    batch.clear()
+    for seq in range(n_seqs):
+        batch.add(seq, [1] * n_each, 0, n_each)
+    started = time.perf_counter()
+    context.decode(batch)
+    elapsed = time.perf_counter() - started
+    for seq in range(n_seqs):
+        context.kv_remove(seq, 0, -1)
+    return elapsed
 
 
 def measure(context: Context) -> ShapeCosts:
     """Time decodes (every token outputting logits, like verification rows) of one sequence with
-    1..64 tokens, and of 2..16 sequences with 1..8 tokens each, in the context's empty sequences."""
+    1..64 tokens, and of 2..16 sequences with 1..8 tokens each, in the context's empty sequences.
+
+    Shapes are timed round-robin (drift spreads over all of them), a round of warm-up first;
+    each shape's median is then made non-decreasing in tokens (more work never costs less)."""
     shape = context.shape
     batch = Batch(shape.n_batch)
     fits = lambda n_seqs, n_each: n_seqs <= shape.n_seq and n_each <= shape.n_ctx_per_seq and n_seqs * n_each <= min(
         shape.n_batch, shape.n_ubatch)
+    grid = {n_seqs: [n for n in sizes if fits(n_seqs, n)] for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS]}
+    grid = {n_seqs: sizes for n_seqs, sizes in grid.items() if len(sizes) >= 2}
+    runs: dict[tuple[int, int], list[float]] = {(s, n): [] for s, sizes in grid.items() for n in sizes}
+    for round_ in range(N_REPEATS + 1):
+        for (n_seqs, n_each), times in runs.items():
+            elapsed = _time_decode(context, batch, n_seqs, n_each)
+            if round_:
+                times.append(elapsed)
     by_seqs = {}
-    for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS]:
-        measured = [n for n in sizes if fits(n_seqs, n)]
-        if len(measured) >= 2:
-            by_seqs[n_seqs] = CostTable(tuple(measured), tuple(_time_decode(context, batch, n_seqs, n) for n in measured))
+    for n_seqs, sizes in grid.items():
+        seconds, floor = [], 0.0
+        for n in sizes:
+            floor = max(floor, statistics.median(runs[(n_seqs, n)]))
+            seconds.append(floor)
+        by_seqs[n_seqs] = CostTable(tuple(sizes), tuple(seconds))
     return ShapeCosts(by_seqs)
 
 
@@ -153,5 +175,5 @@ def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> S
 
 def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: int, n_ubatch: int) -> str:
     stat = model_path.stat()
-    return (f"v2:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
+    return (f"v3:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
             f":s{min(n_seq, max(SEQ_COUNTS))}:u{n_ubatch}:{platform.machine()}:{platform.node()}")

@@ -94,3 +94,16 @@ def test_step_cost_of_a_batch_is_the_sum_of_its_micro_batches() -> None:
     assert costs.batch_s([Row(0, 1), Row(2, 1)], 512) == pytest.approx(0.020)  # a gap: two graph runs
     assert costs.batch_s([Row(1, 3), Row(0, 1)], 512) == pytest.approx(costs.micro_batch_s(2, 1) + 0.012)
     assert costs.batch_s([Row(0, 1, 1)], 512, pads=True) == pytest.approx(0.012)  # padded to two tokens
+
+
+def test_batch_invariant_off_turns_the_padding_off(tiny_gguf) -> None:
+    from runner.loaded_model import LoadedModel
+    from runner.options import EngineOptions
+
+    for setting, pads in (("auto", True), ("off", False)):
+        loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=64, batch_invariant=setting),
+                             log=lambda _: None)
+        try:
+            assert loaded.runner.pads_batches is pads
+        finally:
+            loaded.close()
