@@ -10,7 +10,6 @@ from runner.options import EngineOptions, add_flags, from_args
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
-HTTP_NICE = 5  # how much lower the HTTP thread's priority is than the engine's
 
 
 def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -42,7 +41,6 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
     engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
     engine_thread.start()
-    _lower_http_thread_priority()
     state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
@@ -52,23 +50,6 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     finally:
         state.close()
     return 0
-
-
-def _lower_http_thread_priority() -> None:
-    """Let llama.cpp's threads win the cores over this (the HTTP) thread when both want one.
-
-    llama.cpp's threads meet at a barrier after every op, so preempting one stalls them all;
-    the HTTP work per token is small and can wait for the end of a decode. Linux applies
-    setpriority to one thread; the engine thread (and the threads llama.cpp starts from it)
-    keep their priority. Elsewhere this is skipped."""
-    if sys.platform.startswith("linux"):
-        import os
-        import threading
-
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + HTTP_NICE)
-        except OSError:
-            pass
 
 
 def _announce_when_ready(server: object, name: str, n_slots: int, on_ready: Callable[[str], None] | None) -> None:
