@@ -9,7 +9,7 @@ from pathlib import Path
 from runner.chat_template import ChatTemplate, Message
 from runner.engine import Engine
 from runner.gguf_file import GgufInfo, read_gguf
-from runner.llama import Context, ContextShape, Model
+from runner.llama import Context, ContextShape, Model, in_scratch_thread
 from runner.memory_plan import MemoryPlan
 from runner.model_runner import ModelRunner
 from runner.options import EngineOptions
@@ -112,7 +112,7 @@ class LoadedModel:
 
         def calibrate() -> ShapeCosts:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
-            return measure(context)
+            return in_scratch_thread(lambda: measure(context))
 
         return cached_costs(store.root, key, calibrate)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.llama import Batch, Context, ContextShape, Model
+from runner.llama import Batch, Context, ContextShape, Model, in_scratch_thread
 from runner.micro_batches import Padding, Row as MicroRow, pad
 from runner.scheduler import BatchRow
 
@@ -23,7 +23,7 @@ class ModelRunner:
         trace_path = os.environ.get(TRACE_ENV)
         self._trace_path = Path(trace_path) if trace_path else None
         self._trace: list[list] = []
-        self.pads_batches = may_pad and not batch_invariant(self.context, self._batch)
+        self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
         """Put every row into one batch, run one llama_decode, return the logits rows (a view).

@@ -107,3 +107,24 @@ def test_batch_invariant_off_turns_the_padding_off(tiny_gguf) -> None:
             assert loaded.runner.pads_batches is pads
         finally:
             loaded.close()
+
+
+def test_load_time_decodes_leave_no_openmp_team_behind(tiny_model: Model) -> None:
+    # llama.cpp's OpenMP keeps worker threads for every thread that decoded; a second team next
+    # to the engine thread's made every later decode slower, so the probe runs on a scratch thread
+    import os
+    import time
+
+    def n_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    before = n_threads()
+    r = ModelRunner(tiny_model, ContextShape(n_seq=2, n_ctx_per_seq=64, n_batch=64, n_threads=2, kv_unified=False))
+    try:
+        assert r.pads_batches  # the probe did decode
+        deadline = time.monotonic() + 5  # the team's workers exit shortly after their thread
+        while n_threads() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert n_threads() == before
+    finally:
+        r.close()
