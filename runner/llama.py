@@ -252,9 +252,9 @@ class Batch:
             self.wants_logits[index] = 1
             self.n_outputs += 1
 
-    def output_row(self, index: int) -> int:
-        """The logits row of token `index` (which must output logits)."""
-        return int(np.count_nonzero(self.wants_logits[:index]))
+    def output_rows(self) -> np.ndarray:
+        """Per token: its logits row (meaningful where the token outputs logits)."""
+        return np.cumsum(self.wants_logits[: self.n_tokens], dtype=np.int32) - 1
 
 
 class Context:

@@ -59,8 +59,9 @@ def split(rows: Sequence[Row], n_ubatch: int) -> list[list[Piece]]:
             done[i] += take
 
 
-def n_graph_runs(rows: Sequence[Row], n_ubatch: int) -> int:
-    return len(split(rows, n_ubatch))
+def with_junk(rows: Sequence[Row], junk: Sequence[int]) -> list[Row]:
+    """The rows as llama.cpp sees them once each has its junk tokens appended."""
+    return [Row(r.seq_id, r.n_tokens + j, r.n_logits) for r, j in zip(rows, junk)]
 
 
 @dataclass
@@ -79,8 +80,7 @@ def pad(rows: Sequence[Row], n_ubatch: int, room: Sequence[int] | None = None) -
     room[i]: how many junk tokens row i's sequence can still hold (its context's end)."""
     junk = [0] * len(rows)
     while True:
-        padded = [Row(r.seq_id, r.n_tokens + j, r.n_logits) for r, j in zip(rows, junk)]
-        micro_batches = split(padded, n_ubatch)
+        micro_batches = split(with_junk(rows, junk), n_ubatch)
         lone = next((mb[0].row for mb in micro_batches if sum(p.n for p in mb) == 1
                      and (room is None or junk[mb[0].row] < room[mb[0].row])), None)
         if lone is None:

@@ -46,8 +46,9 @@ class ModelRunner:
             for start, offsets in zip(starts, padding.extra_logits):
                 for offset in offsets:
                     batch.set_logits(start + offset)
+        out_rows = batch.output_rows()
         for row, start in zip(rows, starts):
-            row.first_logit = batch.output_row(start + len(row.token_ids) - row.n_logits) if row.n_logits else -1
+            row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
         if self._trace_path:
             self._trace.append(["decode", self._traced_rows(rows, starts)])
         logits = self.context.decode(batch)

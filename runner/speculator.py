@@ -191,12 +191,13 @@ class Speculator:
         # NOTE: only uniform ks (capped by what each slot's drafter found) are tried. Unequal rows
         # split the batch into more graph runs, which on a CPU costs more than fitting k per slot
         # gains; a per-slot search also cost milliseconds per step at 8 slots.
-        best = {sid: 0 for sid in order}
+        best = last = {sid: 0 for sid in order}
         best_rate = rate(best)
         for k in range(1, self.k_max + 1):
             trial = {sid: min(k, len(gains[sid])) for sid in order}
-            if trial == best:
+            if trial == last:
                 break  # no slot has more drafts to offer
+            last = trial
             if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
                 best, best_rate = trial, r
         self._n_steps += 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.llama import Batch, Context
-from runner.micro_batches import Row, pad, split
+from runner.micro_batches import Row, pad, split, with_junk
 
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)  # tokens of one sequence (verification and prefill rows)
 SEQ_COUNTS = (2, 4, 8, 16)  # micro-batches of several sequences, each with ...
@@ -56,10 +56,6 @@ class ShapeCosts:
 
     by_seqs: dict[int, CostTable]
 
-    @classmethod
-    def single(cls, table: CostTable) -> ShapeCosts:
-        return cls({1: table})
-
     def micro_batch_s(self, n_seqs: int, n_each: int) -> float:
         if n_seqs in self.by_seqs:
             return self.by_seqs[n_seqs](n_each)
@@ -74,8 +70,7 @@ class ShapeCosts:
         """One llama_decode of these rows: its micro-batches (micro_batches.split), padded if asked."""
         rows = sorted(rows, key=lambda r: r.seq_id)
         if pads:
-            junk = pad(rows, n_ubatch).junk
-            rows = [Row(r.seq_id, r.n_tokens + j, r.n_logits) for r, j in zip(rows, junk)]
+            rows = with_junk(rows, pad(rows, n_ubatch).junk)
         return sum(self.micro_batch_s(len(mb), mb[0].n) for mb in split(rows, n_ubatch))
 
     def to_json(self) -> dict:
@@ -135,10 +130,11 @@ def measure(context: Context) -> ShapeCosts:
     each shape's median is then made non-decreasing in tokens (more work never costs less)."""
     shape = context.shape
     batch = Batch(shape.n_batch)
-    fits = lambda n_seqs, n_each: n_seqs <= shape.n_seq and n_each <= shape.n_ctx_per_seq and n_seqs * n_each <= min(
-        shape.n_batch, shape.n_ubatch)
-    grid = {n_seqs: [n for n in sizes if fits(n_seqs, n)] for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS]}
-    grid = {n_seqs: sizes for n_seqs, sizes in grid.items() if len(sizes) >= 2}
+    grid = {}  # sequence count -> tokens each, the shapes this context can run in one micro-batch
+    for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS if n <= shape.n_seq]:
+        fitting = [n for n in sizes if n <= shape.n_ctx_per_seq and n_seqs * n <= shape.n_ubatch]
+        if len(fitting) >= 2:
+            grid[n_seqs] = fitting
     runs: dict[tuple[int, int], list[float]] = {(s, n): [] for s, sizes in grid.items() for n in sizes}
     for round_ in range(N_REPEATS + 1):
         for (n_seqs, n_each), times in runs.items():

@@ -184,7 +184,7 @@ def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None
 
     def auto_ks(table: CostTable) -> list[int]:
         rt = FakeRuntime()
-        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts.single(table)))
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts({1: table})))
         engine = Engine(rt, Scheduler(1, 256, 64, 4, rt), rt, spec)
         # the fake model counts up, so a prompt that already counted up makes n-gram drafts that match
         engine.submit(GenerationRequest("a", tuple(list(range(1, 30)) + list(range(1, 5))), SamplingParams(temperature=0),
