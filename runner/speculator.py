@@ -19,7 +19,7 @@ from runner.step_costs import StepCosts
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
-EXPLORE_EVERY = 32  # auto, free drafters: when nothing drafts, every slot probes 1 token this often
+EXPLORE_SHARE = 0.03  # auto, free drafters: at most this share of step time goes to probing when nothing drafts
 
 
 class SpecMode(str, Enum):
@@ -72,7 +72,7 @@ class Speculator:
         self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
-        self._n_steps = 0
+        self._explore_credit = 0.0  # seconds of step time probes may still spend
 
     @property
     def n_proposed(self) -> int:
@@ -183,10 +183,11 @@ class Speculator:
             catch_up = {r.slot.id: min(STEADY_CATCH_UP, self.drafter.catch_up_len(
                 r.slot.id, r.slot.cached_ids + [r.slot.next_token])) for r in rows}
 
+        def step_s(ks: dict[int, int]) -> float:
+            return costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order], ks, catch_up)
+
         def rate(ks: dict[int, int]) -> float:
-            expected = sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
-            step_rows = other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order]
-            return expected / costs.step_s(step_rows, ks, catch_up)
+            return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order) / step_s(ks)
 
         # NOTE: only uniform ks (capped by what each slot's drafter found) are tried. Unequal rows
         # split the batch into more graph runs, which on a CPU costs more than fitting k per slot
@@ -200,10 +201,17 @@ class Speculator:
             last = trial
             if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
                 best, best_rate = trial, r
-        self._n_steps += 1
-        if self.drafter.is_free and not any(best.values()) and self._n_steps % EXPLORE_EVERY == 0:
-            # keep learning while drafting looks unprofitable: all slots probe together (equal rows)
+        if self.drafter.is_free and not any(best.values()):
+            # keep learning while drafting looks unprofitable: every slot with a draft probes one
+            # token, paid from a budget of EXPLORE_SHARE of the step time (a probe that splits
+            # the batch into extra graph runs waits longer for its turn)
+            plain_s = step_s(best)
             probe = {sid: min(1, len(gains[sid])) for sid in order}
-            if sum(probe.values()) <= room:
+            can_probe = any(probe.values()) and sum(probe.values()) <= room
+            extra = step_s(probe) - plain_s if can_probe else 0.0
+            # saved up to one probe at most: no bursts after a stretch without drafts
+            self._explore_credit = min(self._explore_credit + EXPLORE_SHARE * plain_s, max(extra, plain_s))
+            if can_probe and self._explore_credit >= extra:
+                self._explore_credit -= extra
                 best = probe
         return best

@@ -224,3 +224,37 @@ def test_draft_model_kv_follows_a_prefix_copy(tiny_gguf: Path, same_draft: Path)
             engine.step()
     finally:
         loaded.close()
+
+
+def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
+    from fake_runtime import FakeRuntime
+    from runner.engine import Engine
+    from runner.scheduler import Scheduler
+    from runner.speculator import EXPLORE_SHARE, SpecMode, Speculator
+    from runner.step_costs import CostTable, ShapeCosts, StepCosts
+
+    class WrongDrafter:  # always has a draft, never the right one: drafting never pays
+        name, is_free = "wrong", True
+
+        def propose(self, jobs) -> None:
+            for job in jobs:
+                job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
+
+        def catch_up_len(self, slot_id, context_ids) -> int:
+            return 0
+
+        def close(self) -> None:
+            pass
+
+    rt = FakeRuntime()
+    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 64), (0.010, 0.040, 0.640))}))  # a probe costs 3 steps more
+    spec = Speculator(WrongDrafter(), SpecMode.AUTO, 4, 1, costs)
+    engine = Engine(rt, Scheduler(1, 1024, 64, 4, rt), rt, spec)
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True), lambda e: None)
+    n_steps = 0
+    while engine.has_work:
+        engine.step()
+        n_steps += 1
+    probes = spec.n_runs
+    assert probes >= 1  # it keeps checking whether drafting has started to pay
+    assert probes * 0.030 <= EXPLORE_SHARE * n_steps * 0.010 + 0.030  # within the budget (give or take one probe)
