@@ -1,6 +1,6 @@
 """Aggregate generated tokens/s under concurrency, three ways, side by side in one run:
 
-  (a) ours:       `runner serve --parallel C`, C clients streaming over HTTP;
+  (a) ours:       `runner serve --parallel C`, C clients streaming over HTTP (bench/sse_clients.py);
   (b) serialized: the same requests one after another through llama-cpp-python's high-level `Llama`;
   (c) ceiling:    the exact batches our server decoded (recorded via RUNNER_BATCH_TRACE), replayed
                   through raw llama_decode + argmax with no server and no sampling.
@@ -19,7 +19,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import model_path, print_table  # noqa: E402
+from sse_clients import run_clients  # noqa: E402
 
 from runner.llama import Batch, Context, ContextShape, Model  # noqa: E402
 
@@ -48,7 +48,7 @@ def requests_for(concurrency: int, rounds: int) -> list[list[str]]:
 
 
 def run_ours(model: str, concurrency: int, plan: list[list[str]], max_tokens: int, threads: int,
-             trace: Path) -> tuple[float, int, list[float]]:
+             trace: Path) -> tuple[float, int, list[float], int]:
     env = {**os.environ, "RUNNER_BATCH_TRACE": str(trace)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner", "serve", model, "--port", "0", "--parallel", str(concurrency),
@@ -69,45 +69,17 @@ def run_ours(model: str, concurrency: int, plan: list[list[str]], max_tokens: in
                                                                  "max_tokens": 8, "ignore_eos": True})
     metrics = httpx.get(url + "/metrics").text
     n_warmup_steps = int(re.search(r"^runner_steps_total (\d+)", metrics, re.M).group(1))
-    ttfts: list[float] = []
-    n_tokens = [0]
-    lock = threading.Lock()
-
-    def client(prompts: list[str]) -> None:
-        with httpx.Client(timeout=600) as http:
-            for prompt in prompts:
-                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                        "temperature": 0, "ignore_eos": True, "stream": True,
-                        "stream_options": {"include_usage": True}}
-                sent = time.perf_counter()
-                first = None
-                with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
-                    for line in resp.iter_lines():
-                        # parse only what is needed (first content, the usage chunk): the clients share
-                        # the 2 cores with the server, so their CPU time lowers what they measure
-                        if first is None and '"content": "' in line and '"content": ""' not in line:
-                            first = time.perf_counter() - sent
-                        elif line.startswith("data: {") and '"usage"' in line:
-                            with lock:
-                                n_tokens[0] += json.loads(line[6:])["usage"]["completion_tokens"]
-                with lock:
-                    ttfts.append(first if first is not None else float("nan"))
-
-    workers = [threading.Thread(target=client, args=(p,)) for p in plan]
-    started = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - started
+    bodies = [[{"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True} for prompt in prompts] for prompts in plan]
+    load = run_clients(url, bodies)
     after = httpx.get(url + "/metrics").text
     decode_s = float(re.search(r"^runner_decode_seconds_total (\S+)", after, re.M).group(1)) - float(
         re.search(r"^runner_decode_seconds_total (\S+)", metrics, re.M).group(1))
-    print(f"  ours: wall {elapsed:.3f} s, of which in llama_decode {decode_s:.3f} s", file=sys.stderr)
+    print(f"  ours: wall {load.elapsed_s:.3f} s, of which in llama_decode {decode_s:.3f} s", file=sys.stderr)
     proc.terminate()
     proc.wait(timeout=30)
     proc.stderr.close()
-    return elapsed, n_tokens[0], ttfts, n_warmup_steps
+    return load.elapsed_s, load.n_tokens, load.ttfts, n_warmup_steps
 
 
 def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_warmup_steps: int) -> tuple[float, int]:
