@@ -6,7 +6,9 @@ Workloads: free chat (open questions) and input-grounded (repeat / rewrite a giv
 output copies the prompt). Modes: off; off without batch padding (`--batch-invariant off`: the
 speed an F16 target gives up to stay batch-invariant, for reference); each drafter forced on;
 each drafter with auto.
-Engine in-process (no HTTP), greedy, each request runs to --max-tokens.
+Engine in-process (no HTTP), greedy, each request runs to --max-tokens. Each mode runs beside a
+fresh `off` engine on the same requests, the two stepped in turn (see paired_run), so their ratio
+does not carry the machine's drift between runs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -32,6 +35,7 @@ TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. 
 FREE = ["Write about the history of tea.", "Describe a walk in a forest.", "Explain how bees make honey.",
         "Tell me about the planet Mars.", "Write a short story about a clockmaker.", "Describe a busy market.",
         "Explain why the sky is blue.", "Write about a trip to the mountains."]
+TEXT_WARMUP = ["Hi"]
 GROUNDED = [f"Repeat the following text exactly, word for word:\n\n{TEXT}",
             f"Rewrite the following text, keeping every sentence:\n\n{TEXT}",
             f"Copy this paragraph:\n\n{TEXT}"]
@@ -42,38 +46,73 @@ def prompts(workload: str, n: int) -> list[str]:
     return [base[i % len(base)] for i in range(n)]
 
 
-def run_cell(loaded: LoadedModel, texts: list[str], max_tokens: int) -> tuple[float, int, int, int]:
-    """Returns (tokens/s, tokens, drafts proposed, drafts accepted)."""
-    from runner.chat_template import Message
+@dataclass
+class Cell:
+    """One engine's part of a paired run."""
 
-    done = []
-    for i, text in enumerate(texts):
-        ids = loaded.chat_prompt_ids([Message("user", text)])
-        req = GenerationRequest(f"b{i}", ids, SamplingParams(temperature=0), max_tokens, ignore_eos=True)
-        loaded.engine.submit(req, lambda e, d=done: d.append(e) if e.is_final else None)
-    started = time.perf_counter()
-    while loaded.engine.has_work:
-        loaded.engine.step()
-    elapsed = time.perf_counter() - started
-    n = sum(e.usage.completion_tokens for e in done)
-    return n / elapsed, n, sum(e.usage.draft_proposed for e in done), sum(e.usage.draft_accepted for e in done)
+    loaded: LoadedModel
+    done: list = field(default_factory=list)
+    busy_s: float = 0.0  # wall time of this engine's own steps inside the paired window
+    n_tokens: int = 0  # tokens it generated inside the window
+    n_runs_before: int = 0
+
+    @property
+    def tps(self) -> float:
+        return self.n_tokens / self.busy_s
+
+    def submit(self, texts: list[str], max_tokens: int, tag: str) -> None:
+        from runner.chat_template import Message
+
+        for i, text in enumerate(texts):
+            ids = self.loaded.chat_prompt_ids([Message("user", text)])
+            req = GenerationRequest(f"{tag}{i}", ids, SamplingParams(temperature=0), max_tokens, ignore_eos=True)
+            self.loaded.engine.submit(req, lambda e, d=self.done: d.append(e) if e.is_final else None)
+
+    def timed_step(self) -> None:
+        engine = self.loaded.engine
+        before = engine.stats.n_generated_tokens
+        started = time.perf_counter()
+        engine.step()
+        self.busy_s += time.perf_counter() - started
+        self.n_tokens += engine.stats.n_generated_tokens - before
+
+    def drain(self) -> None:
+        while self.loaded.engine.has_work:
+            self.loaded.engine.step()
+
+    @property
+    def n_runs(self) -> int:
+        speculator = self.loaded.speculator
+        return (speculator.n_runs if speculator else 0) - self.n_runs_before
 
 
-def measure(target: Path, c: int, draft: str, spec: str, texts: list[str],
-            args: argparse.Namespace) -> tuple[float, float, int, int, int]:
-    """(tok/s, tokens, drafts proposed, accepted, draft runs) of one cell."""
+def load(target: Path, c: int, draft: str, spec: str, args: argparse.Namespace) -> Cell:
     invariant = "off" if spec == "unpadded" else "auto"
     opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft,
                          spec="off" if spec == "unpadded" else spec, draft_max=args.draft_max, batch_invariant=invariant)
-    loaded = LoadedModel(target, opts, log=lambda _: None)
-    try:
-        run_cell(loaded, texts[:1], 8)  # warm-up (and calibration for auto, outside the timing)
-        runs_before = loaded.speculator.n_runs if loaded.speculator else 0
-        tps, n, proposed, accepted = run_cell(loaded, texts, args.max_tokens)
-        n_runs = (loaded.speculator.n_runs if loaded.speculator else 0) - runs_before
-    finally:
-        loaded.close()
-    return tps, n, proposed, accepted, n_runs
+    cell = Cell(LoadedModel(target, opts, log=lambda _: None))
+    cell.submit(TEXT_WARMUP, 8, "w")  # warm-up (and calibration for auto, outside the timing)
+    cell.drain()
+    cell.done.clear()
+    cell.n_runs_before = cell.n_runs
+    return cell
+
+
+def paired_run(off: Cell, other: Cell, texts: list[str], max_tokens: int) -> None:
+    """Step the two engines in turn on the same requests; each is timed on its own steps only.
+
+    The machine's speed drifts by several percent over seconds; taking turns step by step puts
+    both engines in the same moments, so the ratio of their rates keeps only their own difference.
+    Rates count the window in which both still have work; the rest runs untimed for the acceptance
+    figures.
+    """
+    off.submit(texts, max_tokens, "b")
+    other.submit(texts, max_tokens, "b")
+    while off.loaded.engine.has_work and other.loaded.engine.has_work:
+        off.timed_step()
+        other.timed_step()
+    off.drain()
+    other.drain()
 
 
 def main() -> None:
@@ -99,13 +138,21 @@ def main() -> None:
         for c in args.concurrency:
             texts = prompts(workload, c)
             cells: dict[str, list[tuple[float, float, int, int, int]]] = {label: [] for label, _, _ in modes}
-            for r in range(args.repeats):  # every mode once per round, so each ratio has its own `off`
-                for label, draft, spec in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotated: drift spreads
-                    cells[label].append(measure(target, c, draft, spec, texts, args))
-            ratios = {label: [] for label in cells}
-            for r in range(args.repeats):
-                for label in cells:
-                    ratios[label].append(cells[label][r][0] / cells["off"][r][0])
+            ratios: dict[str, list[float]] = {label: [] for label in cells}
+            others = modes[1:]
+            for r in range(args.repeats):  # each mode against its own `off`, stepped in turn with it
+                for label, draft, spec in others[r % len(others):] + others[: r % len(others)]:
+                    off, other = load(target, c, "", "off", args), load(target, c, draft, spec, args)
+                    try:
+                        paired_run(off, other, texts, args.max_tokens)
+                    finally:
+                        other.loaded.close()
+                        off.loaded.close()
+                    for name, cell in (("off", off), (label, other)):
+                        cells[name].append((cell.tps, cell.n_tokens, sum(e.usage.draft_proposed for e in cell.done),
+                                            sum(e.usage.draft_accepted for e in cell.done), cell.n_runs))
+                    ratios[label].append(other.tps / off.tps)
+                    ratios["off"].append(1.0)
             for label in cells:
                 proposed = sum(x[2] for x in cells[label])
                 accepted = sum(x[3] for x in cells[label])
