@@ -84,8 +84,9 @@ def run_ours(model: str, concurrency: int, plan: list[list[str]], max_tokens: in
 
 def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_warmup_steps: int) -> tuple[float, int]:
     ops = [json.loads(line) for line in trace.read_text().splitlines() if line]
-    ctx = Context(model, ContextShape(concurrency, CTX_PER_SLOT, N_BATCH, threads, kv_unified=False))
-    batch = Batch(N_BATCH)
+    shape = ContextShape(concurrency, CTX_PER_SLOT, N_BATCH, threads, kv_unified=False, n_junk_max=concurrency)
+    ctx = Context(model, shape)
+    batch = Batch(shape.n_batch_max)
     n_sampled = 0
     n_decodes = 0
     try:

@@ -193,10 +193,15 @@ class ContextShape:
     n_threads: int
     kv_unified: bool = True
     kv_type: str = "f16"
+    n_junk_max: int = 0  # tokens a batch may carry beyond n_batch: the junk tokens of batch padding
 
     @property
     def n_ubatch(self) -> int:
         return min(self.n_batch, 512)
+
+    @property
+    def n_batch_max(self) -> int:
+        return self.n_batch + self.n_junk_max
 
 
 class Batch:
@@ -263,7 +268,7 @@ class Context:
     def __init__(self, model: Model, shape: ContextShape) -> None:
         params = _lc.llama_context_default_params()
         params.n_ctx = shape.n_ctx_per_seq * shape.n_seq
-        params.n_batch = shape.n_batch
+        params.n_batch = shape.n_batch_max
         params.n_ubatch = shape.n_ubatch
         params.n_seq_max = shape.n_seq
         params.n_threads = shape.n_threads
@@ -289,8 +294,8 @@ class Context:
         NOTE: the view is only valid until the next decode on this context."""
         if batch.n_tokens == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
-        if batch.n_tokens > self.shape.n_batch:  # llama.cpp would abort the process
-            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch {self.shape.n_batch}")
+        if batch.n_tokens > self.shape.n_batch_max:  # llama.cpp would abort the process
+            raise ValueError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch {self.shape.n_batch_max}")
         batch._struct.n_tokens = batch.n_tokens
         rc = _lc.llama_decode(self._ptr, batch._struct)
         if rc != 0:

@@ -74,16 +74,18 @@ class Padding:
         return not any(self.junk) and not any(self.extra_logits)
 
 
-def pad(rows: Sequence[Row], n_ubatch: int, room: Sequence[int] | None = None) -> Padding:
+def pad(rows: Sequence[Row], n_ubatch: int, room: Sequence[int] | None = None,
+        max_junk: int | None = None) -> Padding:
     """Junk tokens and extra logits rows so that no micro-batch has one token or one logits row.
 
-    room[i]: how many junk tokens row i's sequence can still hold (its context's end)."""
+    room[i]: how many junk tokens row i's sequence can still hold (its context's end);
+    max_junk: how many the batch can still hold."""
     junk = [0] * len(rows)
     while True:
         micro_batches = split(with_junk(rows, junk), n_ubatch)
         lone = next((mb[0].row for mb in micro_batches if sum(p.n for p in mb) == 1
                      and (room is None or junk[mb[0].row] < room[mb[0].row])), None)
-        if lone is None:
+        if lone is None or (max_junk is not None and sum(junk) >= max_junk):
             break
         junk[lone] += 1
     extra: list[list[int]] = [[] for _ in rows]

@@ -19,7 +19,7 @@ class ModelRunner:
     def __init__(self, model: Model, shape: ContextShape, may_pad: bool = True) -> None:
         self.model = model
         self.context = Context(model, shape)
-        self._batch = Batch(shape.n_batch)
+        self._batch = Batch(shape.n_batch_max)
         trace_path = os.environ.get(TRACE_ENV)
         self._trace_path = Path(trace_path) if trace_path else None
         self._trace: list[list] = []
@@ -60,7 +60,8 @@ class ModelRunner:
         shape = self.context.shape
         spec = [MicroRow(r.slot.id, len(r.token_ids), r.n_logits) for r in rows]
         room = [shape.n_ctx_per_seq - r.first_pos - len(r.token_ids) for r in rows]
-        padding = pad(spec, shape.n_ubatch, room)
+        spare = shape.n_batch_max - sum(len(r.token_ids) for r in rows)
+        padding = pad(spec, shape.n_ubatch, room, max_junk=spare)
         return None if padding.is_empty else padding
 
     def _traced_rows(self, rows: list[BatchRow], starts: list[int]) -> list[list]:

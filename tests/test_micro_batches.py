@@ -45,6 +45,27 @@ def test_padding_widens_lone_tokens_and_lone_logits_rows() -> None:
     assert pad([Row(0, 3, 3), Row(1, 3, 1), Row(2, 3, 0)], 512).is_empty
     full = pad([Row(0, 1, 1)], 512, room=[0])  # the context's last position: nowhere to put junk
     assert full.junk == [0] and full.extra_logits == [[]]
+    gaps = [Row(0, 1, 1), Row(2, 1, 1), Row(4, 1, 1)]  # three lone tokens
+    assert pad(gaps, 512).junk == [1, 1, 1]
+    assert pad(gaps, 512, max_junk=2).junk == [1, 1, 0]  # the batch holds two more tokens, no more
+    assert pad(gaps, 512, max_junk=0).junk == [0, 0, 0]
+
+
+def test_a_full_step_still_gets_its_junk_token(tiny_model: Model) -> None:
+    """A step of n_batch tokens with a lone decode row: the junk token goes past n_batch (regression:
+    the batch overflowed and the step failed with every request in it)."""
+    shape = ContextShape(n_seq=4, n_ctx_per_seq=64, n_batch=16, n_threads=2, kv_unified=False, n_junk_max=4)
+    runner = ModelRunner(tiny_model, shape)
+    try:
+        runner.decode(rows_for([(0, [5, 9, 14, 3], 0, 1)]))
+        alone = runner.decode(rows_for([(0, [20], 4, 1)]))[0].copy()
+        runner.kv_remove(0, 4, -1)
+        full = rows_for([(0, [20], 4, 1), (2, list(range(30, 45)), 0, 1)])  # 1 + 15 = n_batch, slot 1 a gap
+        logits = runner.decode(full)
+        assert runner._batch.n_tokens == 17
+        assert np.array_equal(logits[full[0].first_logit], alone)
+    finally:
+        runner.close()
 
 
 @pytest.fixture
@@ -101,10 +122,11 @@ def test_batch_invariant_off_turns_the_padding_off(tiny_gguf) -> None:
     from runner.options import EngineOptions
 
     for setting, pads in (("auto", True), ("off", False)):
-        loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=64, batch_invariant=setting),
+        loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=64, batch_size=32, batch_invariant=setting),
                              log=lambda _: None)
         try:
             assert loaded.runner.pads_batches is pads
+            assert loaded.runner.context.shape.n_batch_max == (34 if pads else 32)  # a junk token per slot
         finally:
             loaded.close()
 
