@@ -174,14 +174,15 @@ class Speculator:
             gains[r.slot.id] = g
         drafting = {id(r) for r in rows}
         other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
-        catch_up = None
+        catch_up = backlog = None
         if not self.drafter.is_free:
             # a draft model first reads what its KV lacks: one or two tokens while it keeps drafting,
-            # a whole prompt (or all it skipped) the first time. That backlog is paid once whenever
-            # drafting starts, so it is priced as in steady state; charging it to one step would
-            # keep auto from ever starting (and the backlog from ever shrinking).
-            catch_up = {r.slot.id: min(STEADY_CATCH_UP, self.drafter.catch_up_len(
-                r.slot.id, r.slot.cached_ids + [r.slot.next_token])) for r in rows}
+            # a whole prompt (or all it skipped) the first time. Steps are compared in steady state
+            # (charging the backlog to one step would keep auto from ever starting); the backlog is
+            # then weighed against what drafting saves over the rest of the requests (_backlog_pays).
+            backlog = {r.slot.id: self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token])
+                       for r in rows}
+            catch_up = {sid: min(STEADY_CATCH_UP, n) for sid, n in backlog.items()}
 
         def step_s(ks: dict[int, int]) -> float:
             return costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order], ks, catch_up)
@@ -201,6 +202,8 @@ class Speculator:
             last = trial
             if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
                 best, best_rate = trial, r
+        if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, gains, backlog, catch_up):
+            best = {sid: 0 for sid in order}
         if self.drafter.is_free and not any(best.values()):
             # keep learning while drafting looks unprofitable: every slot with a draft probes one
             # token, paid from a budget of EXPLORE_SHARE of the step time (a probe that splits
@@ -215,3 +218,23 @@ class Speculator:
                 self._explore_credit -= extra
                 best = probe
         return best
+
+    def _backlog_pays(self, rows: list[BatchRow], ks: dict[int, int], gains: dict[int, list[float]],
+                      backlog: dict[int, int], steady: dict[int, int]) -> bool:
+        """Does drafting at these ks save more over the requests' remaining tokens than the draft
+        model's one-off read of its backlog costs? Rates are taken for steady decode steps (one
+        token and its drafts per slot): a step that also carries a long prefill makes drafts look
+        nearly free, and starting there once cost 2.3 s of catch-up for 6 slots (0.7x off)."""
+        costs = self.costs
+        assert costs is not None
+        if all(backlog[sid] <= steady[sid] for sid, k in ks.items() if k):
+            return True
+        ids = [r.slot.id for r in rows]
+        zeros = {sid: 0 for sid in ids}
+        plain_s_per_token = costs.step_s([Row(sid, 1, 1) for sid in ids], zeros) / len(ids)
+        drafted = [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in ids]
+        expected = len(ids) + sum(sum(gains[sid][: ks[sid]]) for sid in ids)
+        drafting_s_per_token = costs.step_s(drafted, ks, steady) / expected
+        once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
+        remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
+        return remaining * (plain_s_per_token - drafting_s_per_token) > once_s

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ TOKENS_EACH = (1, 2, 3, 4, 5, 6, 8)  # ... this many tokens
 N_REPEATS = 4
 MEMO_MAX = 50_000
 CALIBRATION_FILE = "calibration.json"
+CALIBRATION_VERSION = "v4"  # bumped when measure() changes: older entries are measured again, and dropped
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,9 @@ def measure(context: Context) -> ShapeCosts:
     1..64 tokens, and of 2..16 sequences with 1..8 tokens each, in the context's empty sequences.
 
     Shapes are timed round-robin (drift spreads over all of them), a round of warm-up first;
-    each shape's median is then made non-decreasing in tokens (more work never costs less)."""
+    each shape's fastest time is kept (interference only ever adds time, and a burst of it during
+    one round skewed medians: 1 token priced at 3x its real cost next to 5 tokens at 2x), then
+    made non-decreasing in tokens (more work never costs less)."""
     shape = context.shape
     batch = Batch(shape.n_batch)
     grid = {}  # sequence count -> tokens each, the shapes this context can run in one micro-batch
@@ -145,7 +147,7 @@ def measure(context: Context) -> ShapeCosts:
     for n_seqs, sizes in grid.items():
         seconds, floor = [], 0.0
         for n in sizes:
-            floor = max(floor, statistics.median(runs[(n_seqs, n)]))
+            floor = max(floor, min(runs[(n_seqs, n)]))
             seconds.append(floor)
         by_seqs[n_seqs] = CostTable(tuple(sizes), tuple(seconds))
     return ShapeCosts(by_seqs)
@@ -162,6 +164,7 @@ def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> S
     if entry:
         return ShapeCosts.from_json(entry)
     costs = make()
+    data = {k: v for k, v in data.items() if k.startswith(CALIBRATION_VERSION + ":")}
     data[key] = costs.to_json()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -171,5 +174,5 @@ def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> S
 
 def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: int, n_ubatch: int) -> str:
     stat = model_path.stat()
-    return (f"v3:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
+    return (f"{CALIBRATION_VERSION}:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
             f":s{min(n_seq, max(SEQ_COUNTS))}:u{n_ubatch}:{platform.machine()}:{platform.node()}")

@@ -24,9 +24,9 @@ class FakeRuntime:
             assert len(kv) == r.first_pos, "positions must continue the cached sequence"
             kv.extend(r.token_ids)
             r.first_logit = len(out) if r.n_logits else -1
-            for _ in range(r.n_logits):
+            for token_id in r.token_ids[len(r.token_ids) - r.n_logits:]:  # each row predicts its token + 1
                 row = np.zeros(N_VOCAB, dtype=np.float32)
-                row[(r.token_ids[-1] + 1) % N_VOCAB] = 1.0
+                row[(token_id + 1) % N_VOCAB] = 1.0
                 out.append(row)
         return np.array(out).reshape(len(out), N_VOCAB)
 

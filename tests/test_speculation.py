@@ -258,3 +258,68 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
     probes = spec.n_runs
     assert probes >= 1  # it keeps checking whether drafting has started to pay
     assert probes * 0.030 <= EXPLORE_SHARE * n_steps * 0.010 + 0.030  # within the budget (give or take one probe)
+
+
+def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
+    """A draft model's KV starts empty: the first draft reads the whole prompt. Worth it for a long
+    reply, not for a short one, even though drafting pays in steady state."""
+    from fake_runtime import N_VOCAB, FakeRuntime
+    from runner.engine import Engine
+    from runner.scheduler import Scheduler
+    from runner.speculator import SpecMode, Speculator
+    from runner.step_costs import CostTable, ShapeCosts, StepCosts
+
+    class RightDrafter:  # guesses the fake model's next tokens; remembers how much it has read
+        name, is_free = "right", False
+
+        def __init__(self) -> None:
+            self.n_read = 0
+
+        def propose(self, jobs) -> None:
+            for job in jobs:
+                self.n_read = len(job.context_ids)
+                job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
+                job.draft_dists = [None] * job.k
+
+        def catch_up_len(self, slot_id, context_ids) -> int:
+            return len(context_ids) - self.n_read
+
+        def close(self) -> None:
+            pass
+
+    def n_runs(max_tokens: int) -> int:
+        rt = FakeRuntime()
+        # verification nearly free, drafting 1 ms a token: pays in steady state; the 200-token
+        # backlog costs ~0.2 s, which 5 tokens for the price of ~1.5 win back after ~30 tokens
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}),
+                          ShapeCosts({1: CostTable((1, 64), (0.001, 0.064))}))
+        spec = Speculator(RightDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine = Engine(rt, Scheduler(1, 1024, 256, 4, rt), rt, spec)
+        prompt = tuple(1 + i % (N_VOCAB - 1) for i in range(200))
+        engine.submit(GenerationRequest("a", prompt, SamplingParams(temperature=0), max_tokens, ignore_eos=True),
+                      lambda e: None)
+        while engine.has_work:
+            engine.step()
+        return spec.n_runs
+
+    assert n_runs(10) == 0
+    assert n_runs(200) >= 30  # ~200 tokens at up to 5 a step
+
+
+def test_calibration_is_measured_once_and_older_versions_are_dropped(tmp_path: Path) -> None:
+    import json
+
+    from runner.step_costs import CALIBRATION_FILE, CALIBRATION_VERSION, CostTable, ShapeCosts, cached_costs
+
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"v0:old-model": {"1": {"sizes": [1], "seconds": [9.0]}}}))
+    made = []
+
+    def make() -> ShapeCosts:
+        made.append(1)
+        return ShapeCosts({1: CostTable((1, 2), (0.01, 0.015))})
+
+    key = f"{CALIBRATION_VERSION}:model"
+    first = cached_costs(tmp_path, key, make)
+    again = cached_costs(tmp_path, key, make)
+    assert made == [1] and again == first and again.micro_batch_s(1, 2) == 0.015
+    assert list(json.loads((tmp_path / CALIBRATION_FILE).read_text())) == [key]
