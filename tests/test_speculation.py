@@ -246,18 +246,23 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
         def close(self) -> None:
             pass
 
-    rt = FakeRuntime()
-    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 64), (0.010, 0.040, 0.640))}))  # a probe costs 3 steps more
-    spec = Speculator(WrongDrafter(), SpecMode.AUTO, 4, 1, costs)
-    engine = Engine(rt, Scheduler(1, 1024, 64, 4, rt), rt, spec)
-    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True), lambda e: None)
-    n_steps = 0
-    while engine.has_work:
-        engine.step()
-        n_steps += 1
-    probes = spec.n_runs
-    assert probes >= 1  # it keeps checking whether drafting has started to pay
-    assert probes * 0.030 <= EXPLORE_SHARE * n_steps * 0.010 + 0.030  # within the budget (give or take one probe)
+    def run(two_tokens_s: float) -> tuple[int, int]:
+        rt = FakeRuntime()
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 64), (0.010, two_tokens_s, 0.640))}))
+        spec = Speculator(WrongDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine = Engine(rt, Scheduler(1, 1024, 64, 4, rt), rt, spec)
+        engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 600, ignore_eos=True),
+                      lambda e: None)
+        n_steps = 0
+        while engine.has_work:
+            engine.step()
+            n_steps += 1
+        return spec.n_runs, n_steps
+
+    probes, n_steps = run(0.014)  # a probe adds 40% to its step
+    assert probes >= 3  # it keeps checking whether drafting has started to pay
+    assert probes * 0.004 <= EXPLORE_SHARE * n_steps * 0.010 + 0.004  # within the budget (give or take one probe)
+    assert run(0.040)[0] == 0  # a probe that costs 3 steps more: never
 
 
 def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
