@@ -152,6 +152,9 @@ def main() -> None:
                         cells[name].append((cell.tps, cell.n_tokens, sum(e.usage.draft_proposed for e in cell.done),
                                             sum(e.usage.draft_accepted for e in cell.done), cell.n_runs))
                     ratios[label].append(other.tps / off.tps)
+                    print(f"  {workload} c={c} round {r} {label}: {ratios[label][-1]:.3f}x off "
+                          f"({other.tps:.1f} vs {off.tps:.1f} tok/s), drafts {cells[label][-1][2]} proposed, "
+                          f"{cells[label][-1][3]} accepted", file=sys.stderr, flush=True)
                     ratios["off"].append(1.0)
             for label in cells:
                 proposed = sum(x[2] for x in cells[label])

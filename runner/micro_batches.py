@@ -81,13 +81,16 @@ def pad(rows: Sequence[Row], n_ubatch: int, room: Sequence[int] | None = None,
     room[i]: how many junk tokens row i's sequence can still hold (its context's end);
     max_junk: how many the batch can still hold."""
     junk = [0] * len(rows)
-    while True:
+    while True:  # every lone row of a split gets its junk token at once, then split again
         micro_batches = split(with_junk(rows, junk), n_ubatch)
-        lone = next((mb[0].row for mb in micro_batches if sum(p.n for p in mb) == 1
-                     and (room is None or junk[mb[0].row] < room[mb[0].row])), None)
-        if lone is None or (max_junk is not None and sum(junk) >= max_junk):
+        lone = [mb[0].row for mb in micro_batches if sum(p.n for p in mb) == 1
+                and (room is None or junk[mb[0].row] < room[mb[0].row])]
+        if max_junk is not None:
+            lone = lone[: max(0, max_junk - sum(junk))]
+        if not lone:
             break
-        junk[lone] += 1
+        for row in lone:
+            junk[row] += 1
     extra: list[list[int]] = [[] for _ in rows]
     for mb in micro_batches:
         outputs, others = 0, []

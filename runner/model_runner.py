@@ -21,8 +21,7 @@ class ModelRunner:
         self.context = Context(model, shape)
         self._batch = Batch(shape.n_batch_max)
         trace_path = os.environ.get(TRACE_ENV)
-        self._trace_path = Path(trace_path) if trace_path else None
-        self._trace: list[list] = []
+        self._trace = Path(trace_path).open("w") if trace_path else None  # a JSON line per op, as it happens
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
@@ -49,8 +48,8 @@ class ModelRunner:
         out_rows = batch.output_rows()
         for row, start in zip(rows, starts):
             row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
-        if self._trace_path:
-            self._trace.append(["decode", self._traced_rows(rows, starts)])
+        if self._trace:
+            self._record(["decode", self._traced_rows(rows, starts)])
         logits = self.context.decode(batch)
         for seq_id, first_junk in junk_rows:
             self.kv_remove(seq_id, first_junk, -1)
@@ -73,19 +72,24 @@ class ModelRunner:
                 for row, start, end in zip(rows, starts, ends)]
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
-        if self._trace_path:
-            self._trace.append(["kv_remove", [seq_id, p0, p1]])
+        if self._trace:
+            self._record(["kv_remove", [seq_id, p0, p1]])
         return self.context.kv_remove(seq_id, p0, p1)
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
         """Make dst's KV a copy of src's (one stream per slot: llama.cpp copies whole streams)."""
-        if self._trace_path:
-            self._trace.append(["kv_copy_all", [src_seq, dst_seq]])
+        if self._trace:
+            self._record(["kv_copy_all", [src_seq, dst_seq]])
         self.context.kv_copy(src_seq, dst_seq, -1, -1)
 
+    def _record(self, op: list) -> None:
+        assert self._trace is not None
+        self._trace.write(json.dumps(op) + "\n")
+        self._trace.flush()  # bench/parallel.py may replay it while the server runs
+
     def close(self) -> None:
-        if self._trace_path:
-            self._trace_path.write_text("\n".join(json.dumps(op) for op in self._trace))
+        if self._trace:
+            self._trace.close()
         self.context.close()  # the model is owned (and freed) by whoever loaded it
 
 

@@ -196,13 +196,17 @@ class Speculator:
         # gains; a per-slot search also cost milliseconds per step at 8 slots.
         best = last = {sid: 0 for sid in order}
         best_rate = rate(best)
+        most_tokens = sum(1.0 + sum(g) for g in gains.values())  # every draft of every slot accepted
         for k in range(1, self.k_max + 1):
             trial = {sid: min(k, len(gains[sid])) for sid in order}
-            if trial == last:
-                break  # no slot has more drafts to offer
+            if trial == last or sum(trial.values()) > room:
+                break  # no slot has more drafts to offer, or no room for them
             last = trial
-            if sum(trial.values()) <= room and (r := rate(trial)) > best_rate:
+            trial_s = step_s(trial)
+            if (r := sum(1.0 + sum(gains[sid][: trial[sid]]) for sid in order) / trial_s) > best_rate:
                 best, best_rate = trial, r
+            elif most_tokens / trial_s <= best_rate:
+                break  # deeper drafts cost at least this much, and cannot bring more than most_tokens
         if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, gains, backlog, catch_up):
             best = {sid: 0 for sid in order}
         if self.drafter.is_free and not any(best.values()):

@@ -150,3 +150,23 @@ def test_load_time_decodes_leave_no_openmp_team_behind(tiny_model: Model) -> Non
         assert n_threads() == before
     finally:
         r.close()
+
+
+def test_the_batch_trace_is_written_as_the_runner_goes(tiny_model: Model, tmp_path, monkeypatch) -> None:
+    import json
+
+    from runner.model_runner import TRACE_ENV
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    runner = ModelRunner(tiny_model, ContextShape(n_seq=2, n_ctx_per_seq=64, n_batch=64, n_threads=2, kv_unified=False,
+                                                  n_junk_max=2))
+    try:
+        runner.decode(rows_for([(1, [5, 9, 14], 0, 1)]))
+        runner.kv_remove(1, 2, -1)
+        # readable before close: bench/parallel.py replays it while the server runs
+        ops = [json.loads(line) for line in trace.read_text().splitlines()]
+    finally:
+        runner.close()
+    assert ops[0] == ["decode", [[1, [5, 9, 14], 0, [0, 2]]]]  # padded: a second logits row
+    assert ops[-1] == ["kv_remove", [1, 2, -1]]
