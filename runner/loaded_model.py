@@ -58,8 +58,6 @@ class LoadedModel:
                 n_threads=self.options.threads,
                 kv_unified=False,  # one KV stream per slot: measured identical to single-sequence output
                 kv_type=self.options.kv_type,
-                # a full step (n_batch tokens) may get a junk token per slot when padded
-                n_junk_max=self.options.parallel if self.options.batch_invariant == "auto" else 0,
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "auto")
         except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,8 @@ TRACE_ENV = "RUNNER_BATCH_TRACE"  # a path: record every batch's shape and KV ed
 class ModelRunner:
     def __init__(self, model: Model, shape: ContextShape, may_pad: bool = True) -> None:
         self.model = model
+        if may_pad:  # a full step (n_batch tokens) may still get a junk token per slot
+            shape = dataclasses.replace(shape, n_junk_max=shape.n_seq)
         self.context = Context(model, shape)
         self._batch = Batch(shape.n_batch_max)
         trace_path = os.environ.get(TRACE_ENV)

@@ -188,14 +188,14 @@ class Speculator:
         def step_s(ks: dict[int, int]) -> float:
             return costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order], ks, catch_up)
 
-        def rate(ks: dict[int, int]) -> float:
-            return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order) / step_s(ks)
+        def expected(ks: dict[int, int]) -> float:  # tokens a step yields: each slot's own plus accepted drafts
+            return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
 
         # NOTE: only uniform ks (capped by what each slot's drafter found) are tried. Unequal rows
         # split the batch into more graph runs, which on a CPU costs more than fitting k per slot
         # gains; a per-slot search also cost milliseconds per step at 8 slots.
         best = last = {sid: 0 for sid in order}
-        best_rate = rate(best)
+        best_rate = expected(best) / step_s(best)
         most_tokens = sum(1.0 + sum(g) for g in gains.values())  # every draft of every slot accepted
         for k in range(1, self.k_max + 1):
             trial = {sid: min(k, len(gains[sid])) for sid in order}
@@ -203,11 +203,12 @@ class Speculator:
                 break  # no slot has more drafts to offer, or no room for them
             last = trial
             trial_s = step_s(trial)
-            if (r := sum(1.0 + sum(gains[sid][: trial[sid]]) for sid in order) / trial_s) > best_rate:
+            if (r := expected(trial) / trial_s) > best_rate:
                 best, best_rate = trial, r
             elif most_tokens / trial_s <= best_rate:
                 break  # deeper drafts cost at least this much, and cannot bring more than most_tokens
-        if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, gains, backlog, catch_up):
+        if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, expected(best), backlog,
+                                                                                  catch_up):
             best = {sid: 0 for sid in order}
         if self.drafter.is_free and not any(best.values()):
             # keep learning while drafting looks unprofitable: every slot with a draft probes one
@@ -226,7 +227,7 @@ class Speculator:
                 best = probe
         return best
 
-    def _backlog_pays(self, rows: list[BatchRow], ks: dict[int, int], gains: dict[int, list[float]],
+    def _backlog_pays(self, rows: list[BatchRow], ks: dict[int, int], expected: float,
                       backlog: dict[int, int], steady: dict[int, int]) -> bool:
         """Does drafting at these ks save more over the requests' remaining tokens than the draft
         model's one-off read of its backlog costs? Rates are taken for steady decode steps (one
@@ -240,7 +241,6 @@ class Speculator:
         zeros = {sid: 0 for sid in ids}
         plain_s_per_token = costs.step_s([Row(sid, 1, 1) for sid in ids], zeros) / len(ids)
         drafted = [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in ids]
-        expected = len(ids) + sum(sum(gains[sid][: ks[sid]]) for sid in ids)
         drafting_s_per_token = costs.step_s(drafted, ks, steady) / expected
         once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
         remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
