@@ -116,7 +116,6 @@ class Replay:
         self.n_warmup_steps = n_warmup_steps
         self.n_decodes = 0
         self.seconds = 0.0
-        self.n_sampled = 0
 
     def run(self, lines: list[str]) -> None:
         for line in lines:
@@ -138,8 +137,6 @@ class Replay:
                 self.n_decodes += 1
                 for row in logits:
                     int(np.argmax(row))
-                if timed:
-                    self.n_sampled += len(logits)
             if timed:
                 self.seconds += time.perf_counter() - started
 
@@ -147,11 +144,11 @@ class Replay:
         self.ctx.close()
 
 
-def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_warmup_steps: int) -> tuple[float, int]:
+def run_ceiling(model: Model, concurrency: int, trace: Path, threads: int, n_warmup_steps: int) -> float:
     replay = Replay(model, concurrency, threads, n_warmup_steps)
     try:
         replay.run([line for line in trace.read_text().splitlines() if line])
-        return replay.seconds, replay.n_sampled
+        return replay.seconds
     finally:
         replay.close()
 
@@ -185,6 +182,8 @@ def run_interleaved(model_name: str, model: Model, concurrency: int, plan: list[
             clients.join(timeout=slice_s)
             server_s += time.perf_counter() - started
             if not clients.is_alive():
+                if not result:
+                    raise RuntimeError("the clients failed (their traceback is above)")
                 break
             os.kill(proc.pid, signal.SIGSTOP)
             try:
@@ -243,7 +242,7 @@ def main() -> None:
                 trace = Path(tmp) / f"trace-{c}-{r}.jsonl"
                 t_ours, n_ours, run_ttfts, n_warmup, decode_s = run_ours(args.model, c, plan, args.max_tokens,
                                                                          args.threads, trace)
-                t_ceil, _ = run_ceiling(model, c, trace, args.threads, n_warmup)
+                t_ceil = run_ceiling(model, c, trace, args.threads, n_warmup)
                 ours.append(n_ours / t_ours)
                 ceiling.append(n_ours / t_ceil)
                 ratios.append(t_ceil / t_ours)
