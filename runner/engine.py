@@ -62,6 +62,7 @@ class Engine:
 
     def step(self) -> int:
         """Run one engine step; returns the number of tokens decoded."""
+        step_started = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return 0
@@ -79,7 +80,7 @@ class Engine:
         self.scheduler.postprocess(plan, logits)
         self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
         if self.speculator is not None:
-            self.speculator.learn(plan)
+            self.speculator.learn(plan, time.perf_counter() - step_started)
         return plan.n_tokens
 
     def _count(self, rows: list[BatchRow]) -> None:

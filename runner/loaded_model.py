@@ -17,8 +17,10 @@ from runner.scheduler import Scheduler
 from runner import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.catalog import ModelRef
 from runner.drafter import make_drafter
-from runner.speculator import SpecMode, Speculator
-from runner.step_costs import ShapeCosts, StepCosts, cached_costs, calibration_key, measure
+from runner.draft_agreement import measure_agreement
+from runner.speculator import PRIOR_ACCEPT, SpecMode, Speculator
+from runner.step_costs import (ShapeCosts, StepCosts, agreement_key, cached_costs, cached_json, calibration_key,
+                               measure)
 from runner.store import ModelStore
 
 
@@ -85,9 +87,9 @@ class LoadedModel:
         target_costs = None
         if mode is SpecMode.AUTO:
             target_costs = self._costs(store, self.path, self.runner.context, log)
+        draft_costs, prior = None, PRIOR_ACCEPT
         if draft == "ngram":
             drafter = make_drafter("ngram")
-            draft_costs = None
         else:
             draft_path, draft_ref = store.resolve(draft)
             both = self.memory_plan.with_draft(MemoryPlan.for_model(read_gguf(draft_path), opts))
@@ -99,12 +101,14 @@ class LoadedModel:
             except BaseException:
                 draft_model.close()
                 raise
-            draft_costs = self._costs(store, draft_path, drafter.context, log) if target_costs else None
+            if target_costs:
+                draft_costs = self._costs(store, draft_path, drafter.context, log)
+                prior = self._agreement(store, draft_path, drafter.context, log)
         costs = None
         if target_costs:
             costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)
         log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
-        return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs)
+        return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
 
     def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
         opts, shape = self.options, context.shape
@@ -115,6 +119,16 @@ class LoadedModel:
             return in_scratch_thread(lambda: measure(context))
 
         return cached_costs(store.root, key, calibrate)
+
+    def _agreement(self, store: ModelStore, draft_path: Path, draft_context: Context,
+                   log: Callable[[str], None]) -> float:
+        """How often the draft's top token is the target's (auto's starting acceptance), cached per pair."""
+        def measure_pair() -> float | None:
+            log(f"measuring how often {draft_path.name} agrees with {self.path.name} (once per pair)")
+            return in_scratch_thread(lambda: measure_agreement(self.runner.context, draft_context))
+
+        agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
+        return PRIOR_ACCEPT if agreement is None else agreement
 
     def chat_prompt_ids(self, messages: list[Message]) -> tuple[int, ...]:
         """Render the chat template and tokenize it (specials parsed; BOS added only if missing)."""

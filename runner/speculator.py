@@ -17,10 +17,11 @@ from runner.micro_batches import Row
 from runner.step_costs import StepCosts
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
-PRIOR_ACCEPT = 0.6
+PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
 EXPLORE_SHARE = 0.01  # auto, free drafters: at most this share of step time goes to probing when nothing drafts
 PROBE_MAX_EXTRA = 0.5  # ... and only with probes adding at most this share to their step (no extra graph runs)
+UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in the running mean of time the step costs leave out
 
 
 class SpecMode(str, Enum):
@@ -65,15 +66,25 @@ class SlotSpec:
 
 
 class Speculator:
-    def __init__(self, drafter: Drafter, mode: SpecMode, k_max: int, n_slots: int, costs: StepCosts | None) -> None:
+    def __init__(self, drafter: Drafter, mode: SpecMode, k_max: int, n_slots: int, costs: StepCosts | None,
+                 prior_accept: float = PRIOR_ACCEPT) -> None:
         self.drafter = drafter
         self.mode = mode
         self.k_max = k_max
         self.costs = costs
+        self.prior_accept = prior_accept  # until the drafter has a record of its own on this server
         self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
         self._explore_credit = 0.0  # seconds of step time probes may still spend
+        # Seconds a decode step takes beyond its priced llama_decode calls: the engine's own Python
+        # (sampling, streaming, drafting bookkeeping) and a KV longer than calibration's. Paid once
+        # per step, so drafts that make fewer, longer steps save it: at one client (F16 target,
+        # Q8_0 draft) plain steps ran 14.2 ms priced at 12.1, and drafting measured 1.37x off
+        # where the costs alone predicted 1.16x and a backlog that would not pay back.
+        self.unpriced_s = 0.0
+        self._n_unpriced = 0  # decode-only steps seen
+        self._priced_s: float | None = None  # the current step's priced time (None: not a decode-only step)
 
     @property
     def n_proposed(self) -> int:
@@ -85,6 +96,7 @@ class Speculator:
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
+        self._priced_s = None
         if self.mode is SpecMode.OFF:
             return
         rows = [r for r in plan.rows
@@ -118,8 +130,17 @@ class Speculator:
         for row in rows:
             self.slots[row.slot.id].k = len(row.draft_ids)
 
-    def learn(self, plan: BatchPlan) -> None:
-        """After verification: record acceptance by position for the request and the drafter."""
+    def learn(self, plan: BatchPlan, step_s: float) -> None:
+        """After verification: record acceptance by position for the request and the drafter, and
+        how much longer than priced the step took (step_s: its wall time)."""
+        if self._priced_s is not None:
+            # NOTE: never below zero: calibration keeps each shape's fastest time, and a faster step
+            # (a fake runtime in tests) would otherwise make every step look free
+            unpriced = max(0.0, step_s - self._priced_s)
+            weight = UNPRICED_WEIGHT if self._n_unpriced else 1.0  # the first step sets it
+            self.unpriced_s += weight * (unpriced - self.unpriced_s)
+            self._n_unpriced += 1
+            self._priced_s = None
         for row in plan.rows:
             spec = self.slots[row.slot.id]
             if row.draft_ids:
@@ -163,7 +184,7 @@ class Speculator:
         every slot (equal rows keep the batch in one micro-batch)."""
         costs = self.costs
         assert costs is not None
-        prior = self.overall.overall if self.n_proposed >= 8 else PRIOR_ACCEPT
+        prior = self.overall.overall if self.n_proposed >= 8 else self.prior_accept
         order = [r.slot.id for r in rows]
         # marginal expected tokens of each further draft position, per slot (a decreasing product)
         gains: dict[int, list[float]] = {}
@@ -186,7 +207,8 @@ class Speculator:
             catch_up = {sid: min(STEADY_CATCH_UP, n) for sid, n in backlog.items()}
 
         def step_s(ks: dict[int, int]) -> float:
-            return costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order], ks, catch_up)
+            return self.unpriced_s + costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order],
+                                                  ks, catch_up)
 
         def expected(ks: dict[int, int]) -> float:  # tokens a step yields: each slot's own plus accepted drafts
             return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
@@ -225,6 +247,9 @@ class Speculator:
             if can_probe and self._explore_credit >= extra:
                 self._explore_credit -= extra
                 best = probe
+        if all(r.slot.state is SlotState.GENERATING for r in plan.rows):  # decode only: learn what it takes beyond
+            self._priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order],
+                                          best, backlog)
         return best
 
     def _backlog_pays(self, rows: list[BatchRow], ks: dict[int, int], expected: float,
@@ -239,9 +264,9 @@ class Speculator:
             return True
         ids = [r.slot.id for r in rows]
         zeros = {sid: 0 for sid in ids}
-        plain_s_per_token = costs.step_s([Row(sid, 1, 1) for sid in ids], zeros) / len(ids)
+        plain_s_per_token = (self.unpriced_s + costs.step_s([Row(sid, 1, 1) for sid in ids], zeros)) / len(ids)
         drafted = [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in ids]
-        drafting_s_per_token = costs.step_s(drafted, ks, steady) / expected
+        drafting_s_per_token = (self.unpriced_s + costs.step_s(drafted, ks, steady)) / expected
         once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
         remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
         return remaining * (plain_s_per_token - drafting_s_per_token) > once_s

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runner.llama import Batch, Context
 from runner.micro_batches import Row, pad, split, with_junk
@@ -153,26 +154,39 @@ def measure(context: Context) -> ShapeCosts:
     return ShapeCosts(by_seqs)
 
 
-def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> ShapeCosts:
-    """The costs for `key` from the calibration file, measured and stored when missing."""
+def cached_json(cache_dir: Path, key: str, make: Callable[[], Any]) -> Any:
+    """The calibration file's entry for `key`, measured by make() and stored when missing."""
     path = cache_dir / CALIBRATION_FILE
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
-    entry = data.get(key)
-    if entry:
-        return ShapeCosts.from_json(entry)
-    costs = make()
+    if key in data:
+        return data[key]
+    value = make()
     data = {k: v for k, v in data.items() if k.startswith(CALIBRATION_VERSION + ":")}
-    data[key] = costs.to_json()
+    data[key] = value
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-    return costs
+    return value
+
+
+def cached_costs(cache_dir: Path, key: str, make: Callable[[], ShapeCosts]) -> ShapeCosts:
+    """The costs for `key` from the calibration file, measured and stored when missing."""
+    return ShapeCosts.from_json(cached_json(cache_dir, key, lambda: make().to_json()))
+
+
+def _file_key(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}"
 
 
 def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: int, n_ubatch: int) -> str:
-    stat = model_path.stat()
-    return (f"{CALIBRATION_VERSION}:{model_path.name}:{stat.st_size}:{int(stat.st_mtime)}:t{n_threads}:g{n_gpu_layers}"
+    return (f"{CALIBRATION_VERSION}:{_file_key(model_path)}:t{n_threads}:g{n_gpu_layers}"
             f":s{min(n_seq, max(SEQ_COUNTS))}:u{n_ubatch}:{platform.machine()}:{platform.node()}")
+
+
+def agreement_key(target_path: Path, draft_path: Path) -> str:
+    """A pair's draft agreement depends on the two files only (not threads or machine)."""
+    return f"{CALIBRATION_VERSION}:agreement:{_file_key(target_path)}:{_file_key(draft_path)}"

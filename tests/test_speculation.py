@@ -311,6 +311,74 @@ def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
     assert n_runs(200) >= 30  # ~200 tokens at up to 5 a step
 
 
+def test_auto_starts_a_draft_model_from_its_measured_agreement(tiny_gguf: Path, same_draft: Path,
+                                                               other_draft: Path, tmp_path: Path) -> None:
+    """auto's first guess at a draft model's acceptance is how often its top token is the
+    target's on a fixed text, measured once per pair and kept in the calibration file."""
+    import json
+
+    from runner.speculator import PRIOR_ACCEPT
+    from runner.step_costs import CALIBRATION_FILE
+    from runner.store import ModelStore
+
+    def prior(draft: Path) -> float:
+        opts = EngineOptions(parallel=1, ctx_size=256, batch_size=128, threads=2, draft=str(draft), spec="auto")
+        loaded = LoadedModel(tiny_gguf, opts, store=ModelStore(root=tmp_path), log=lambda _: None)
+        try:
+            return loaded.speculator.prior_accept
+        finally:
+            loaded.close()
+
+    assert prior(same_draft) == 1.0  # the twin's argmax is the target's at every position
+    other = prior(other_draft)
+    assert other != PRIOR_ACCEPT and 0.0 <= other < 0.5  # another random model mostly disagrees
+    stored = {k: v for k, v in json.loads((tmp_path / CALIBRATION_FILE).read_text()).items() if ":agreement:" in k}
+    assert sorted(stored.values()) == [other, 1.0]
+    assert prior(other_draft) == other  # read back, not measured again
+
+
+def test_auto_counts_the_step_time_its_costs_leave_out() -> None:
+    """Each step also spends time outside the priced llama_decode calls (sampling, streaming);
+    drafting pays it once for several tokens. With it learned, drafts that the decode costs alone
+    call a small loss are taken."""
+    import time
+
+    from fake_runtime import FakeRuntime
+    from runner.engine import Engine
+    from runner.ngram_drafter import NgramDrafter
+    from runner.scheduler import Scheduler
+    from runner.speculator import SpecMode, Speculator
+    from runner.step_costs import CostTable, ShapeCosts, StepCosts
+
+    class SlowRuntime(FakeRuntime):  # takes about the priced time per token, plus unpriced_s per step
+        def __init__(self, unpriced_s: float) -> None:
+            super().__init__()
+            self.unpriced_s = unpriced_s
+
+        def decode(self, rows):
+            time.sleep(0.001 * sum(len(r.token_ids) for r in rows) + self.unpriced_s)
+            return super().decode(rows)
+
+    def drafted_share(unpriced_s: float) -> tuple[float, float]:
+        rt = SlowRuntime(unpriced_s)
+        # k tokens cost a bit more than k times one: even drafts that always land lose on these costs alone
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 64), (0.001, 0.066))}))
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine = Engine(rt, Scheduler(1, 256, 64, 4, rt), rt, spec)
+        # the fake model counts up: the prompt already holds every continuation, so n-gram drafts land
+        engine.submit(GenerationRequest("a", tuple(list(range(1, 50)) + list(range(1, 5))),
+                                        SamplingParams(temperature=0), 40, ignore_eos=True), lambda e: None)
+        while engine.has_work:
+            engine.step()
+        return spec.n_accepted / 40, spec.unpriced_s
+
+    share, unpriced = drafted_share(0.004)
+    assert unpriced > 0.002  # the sleep was learned (decode costs priced 1 ms a step)
+    assert share > 0.5  # most tokens came as accepted drafts
+    share, unpriced = drafted_share(0.0)
+    assert share < 0.1  # at most the exploration probes
+
+
 def test_calibration_is_measured_once_and_older_versions_are_dropped(tmp_path: Path) -> None:
     import json
 
