@@ -261,8 +261,54 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
 
     probes, n_steps = run(0.014)  # a probe adds 40% to its step
     assert probes >= 3  # it keeps checking whether drafting has started to pay
-    assert probes * 0.004 <= EXPLORE_SHARE * n_steps * 0.010 + 0.004  # within the budget (give or take one probe)
+    # within the budget, give or take one probe and the two drafts the prior makes before any record
+    assert probes * 0.004 <= EXPLORE_SHARE * n_steps * 0.010 + 3 * 0.004
     assert run(0.040)[0] == 0  # a probe that costs 3 steps more: never
+
+
+def test_auto_decides_again_only_every_few_steps_once_drafts_lost() -> None:
+    """Once drafts were priced and lost, the same rows skip deciding (and proposing) for the next
+    DECIDE_EVERY - 1 steps; a change of rows (a new request) decides at once."""
+    from fake_runtime import FakeRuntime
+    from runner.engine import Engine
+    from runner.scheduler import Scheduler
+    from runner.speculator import DECIDE_EVERY, SpecMode, Speculator
+    from runner.step_costs import CostTable, ShapeCosts, StepCosts
+
+    class CountingDrafter:  # a draft for every slot, every time: auto alone decides whether to use it
+        name, is_free = "counting", True
+
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def propose(self, jobs) -> None:
+            self.steps.append(n_steps)
+            for job in jobs:
+                job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
+
+        def catch_up_len(self, slot_id, context_ids) -> int:
+            return 0
+
+        def close(self) -> None:
+            pass
+
+    rt, drafter = FakeRuntime(), CountingDrafter()
+    # k tokens cost k times one: drafts never pay, and probes (a whole step more) are never taken
+    spec = Speculator(drafter, SpecMode.AUTO, 4, 2, StepCosts(ShapeCosts({1: CostTable((1, 64), (0.010, 0.640))})))
+    engine = Engine(rt, Scheduler(2, 1024, 64, 4, rt), rt, spec)
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 40, ignore_eos=True),
+                  lambda e: None)
+    n_steps = 0
+    while engine.has_work:
+        if n_steps == 20:
+            engine.submit(GenerationRequest("b", (4, 5), SamplingParams(temperature=0), 5, ignore_eos=True),
+                          lambda e: None)
+        engine.step()
+        n_steps += 1
+    decided = drafter.steps
+    assert 20 in decided and 21 in decided  # request b's rows (its prefill, then its first token) decide at once
+    alone = [s for s in decided if s < 20]
+    assert alone == list(range(alone[0], 20, DECIDE_EVERY))  # one decision every DECIDE_EVERY steps
 
 
 def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
