@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from runner.micro_batches import Padding, Row as MicroRow, pad
 from runner.scheduler import BatchRow
 
 TRACE_BUFFER_BYTES = 1 << 16
+TRACE_FLUSH_S = 0.05  # the trace reaches its file at least this often while the runner decodes
 TRACE_ENV = "RUNNER_BATCH_TRACE"  # a path: record every batch's shape and KV edit (bench/parallel.py replays it)
 
 
@@ -25,8 +27,9 @@ class ModelRunner:
         self.context = Context(model, shape)
         self._batch = Batch(shape.n_batch_max)
         trace_path = os.environ.get(TRACE_ENV)
-        # a JSON line per op, block-buffered: bench/parallel.py replays it as it grows (a few ops behind)
+        # a JSON line per op: bench/parallel.py replays it as it grows (--interleaved: in turns of ~1 s)
         self._trace = Path(trace_path).open("w", buffering=TRACE_BUFFER_BYTES) if trace_path else None
+        self._trace_flushed_s = 0.0
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
 
     def decode(self, rows: list[BatchRow]) -> np.ndarray:
@@ -89,9 +92,13 @@ class ModelRunner:
 
     def _record(self, op: list) -> None:
         assert self._trace is not None
-        # NOTE: no flush per op: a write syscall per step was 2.7% of the engine thread at one client
-        # (py-spy), all of it charged to the server in bench/parallel.py's ours/ceiling
         self._trace.write(json.dumps(op) + "\n")
+        # NOTE: not flushed per op: a write syscall per step was 2.7% of the engine thread at one
+        # client (py-spy), all of it charged to the server in bench/parallel.py's ours/ceiling
+        now = time.perf_counter()
+        if now - self._trace_flushed_s > TRACE_FLUSH_S:
+            self._trace.flush()
+            self._trace_flushed_s = now
 
     def close(self) -> None:
         if self._trace:
