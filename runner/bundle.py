@@ -22,7 +22,8 @@ SPEC = "build_exe.spec"
 CPU_FEATURES_FILE = "cpu_features.txt"  # written at build time: the x86 features llama.cpp was compiled for
 # llama.cpp's feature names -> the flag /proc/cpuinfo shows for it
 CPUINFO_FLAG = {"SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma",
-                "BMI2": "bmi2", "AVX_VNNI": "avx_vnni", "AVX512": "avx512f", "AVX512_VBMI": "avx512_vbmi",
+                "BMI2": "bmi2", "AVX_VNNI": "avx_vnni", "AVX512": "avx512f",
+                "AVX512_VBMI": "avx512vbmi",  # sic: cpuinfo spells this one without the underscore
                 "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16"}
 
 

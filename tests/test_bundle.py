@@ -13,3 +13,16 @@ def test_an_older_cpu_is_told_what_it_lacks() -> None:
     required = compiled_features(INFO)
     assert missing_features(required, OLD_CPU) == ["AVX2", "F16C", "FMA", "BMI2"]
     assert missing_features(required, NEW_CPU) == []
+
+
+def test_an_avx512_build_runs_on_the_avx512_cpu_it_was_built_on() -> None:
+    """The system info and the cpuinfo flags of the same machine (this one, 2026-12-02): cpuinfo
+    spells VBMI without the underscore VNNI and BF16 have."""
+    info = ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+            "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 |")
+    cpuinfo = ("flags\t\t: fpu sse2 pni ssse3 fma avx f16c avx2 bmi2 avx512f avx512dq avx512ifma avx512cd avx512bw "
+               "avx512vl avx_vnni avx512_bf16 avx512vbmi avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq\n")
+    required = compiled_features(info)
+    assert "AVX512_VBMI" in required
+    assert missing_features(required, cpuinfo) == []
+    assert missing_features(required, cpuinfo.replace(" avx512vbmi", "")) == ["AVX512_VBMI"]

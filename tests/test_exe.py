@@ -52,14 +52,19 @@ def start(exe: Path, home: Path, *args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([str(exe), *args], env=clean_env(home, RUNNER_NO_BROWSER="1"), cwd=home,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
-    deadline = time.time() + 60
+    deadline, lines = time.time() + 60, []
     while time.time() < deadline:
         line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break  # it exited
+        lines.append(line)
         match = re.search(r"(http://127\.0\.0\.1:(\d+))", line)
         if match:
             return proc, match.group(1)
     proc.kill()
-    raise AssertionError("the executable did not start serving")
+    proc.wait()
+    proc.stderr.close()  # (left open, its warning failed whichever test the collector ran in)
+    raise AssertionError("the executable did not start serving: " + "".join(lines)[-2000:])
 
 
 @pytest.mark.parametrize(("args", "sig"), [((), signal.SIGINT), (("serve", "--port", "0"), signal.SIGTERM)])
