@@ -60,6 +60,27 @@ def tokens(events: list[StreamEvent]) -> list[int]:
     return [t for e in events for t in e.token_ids]
 
 
+class WrongDrafter:
+    """Always has a draft for every slot, never the right one (the fake model counts up): auto
+    alone decides whether to use it, and using it never pays."""
+
+    name, is_free = "wrong", True
+
+    def __init__(self) -> None:
+        self.n_calls = 0
+
+    def propose(self, jobs) -> None:
+        self.n_calls += 1
+        for job in jobs:
+            job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
+
+    def catch_up_len(self, slot_id, context_ids) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def plain(tiny_gguf: Path) -> dict[int, list[list[int]]]:
     loaded = load(tiny_gguf, 1)
@@ -233,19 +254,6 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
     from runner.speculator import EXPLORE_SHARE, SpecMode, Speculator
     from runner.step_costs import CostTable, ShapeCosts, StepCosts
 
-    class WrongDrafter:  # always has a draft, never the right one: drafting never pays
-        name, is_free = "wrong", True
-
-        def propose(self, jobs) -> None:
-            for job in jobs:
-                job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
-
-        def catch_up_len(self, slot_id, context_ids) -> int:
-            return 0
-
-        def close(self) -> None:
-            pass
-
     def run(two_tokens_s: float) -> tuple[int, int]:
         rt = FakeRuntime()
         costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 64), (0.010, two_tokens_s, 0.640))}))
@@ -275,37 +283,22 @@ def test_auto_decides_again_only_every_few_steps_once_drafts_lost() -> None:
     from runner.speculator import DECIDE_EVERY, SpecMode, Speculator
     from runner.step_costs import CostTable, ShapeCosts, StepCosts
 
-    class CountingDrafter:  # a draft for every slot, every time: auto alone decides whether to use it
-        name, is_free = "counting", True
-
-        def __init__(self) -> None:
-            self.steps: list[int] = []
-
-        def propose(self, jobs) -> None:
-            self.steps.append(n_steps)
-            for job in jobs:
-                job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
-
-        def catch_up_len(self, slot_id, context_ids) -> int:
-            return 0
-
-        def close(self) -> None:
-            pass
-
-    rt, drafter = FakeRuntime(), CountingDrafter()
+    rt, drafter = FakeRuntime(), WrongDrafter()
     # k tokens cost k times one: drafts never pay, and probes (a whole step more) are never taken
     spec = Speculator(drafter, SpecMode.AUTO, 4, 2, StepCosts(ShapeCosts({1: CostTable((1, 64), (0.010, 0.640))})))
     engine = Engine(rt, Scheduler(2, 1024, 64, 4, rt), rt, spec)
     engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 40, ignore_eos=True),
                   lambda e: None)
-    n_steps = 0
+    decided, n_steps = [], 0  # the steps that asked the drafter
     while engine.has_work:
         if n_steps == 20:
             engine.submit(GenerationRequest("b", (4, 5), SamplingParams(temperature=0), 5, ignore_eos=True),
                           lambda e: None)
+        n_calls = drafter.n_calls
         engine.step()
+        if drafter.n_calls > n_calls:
+            decided.append(n_steps)
         n_steps += 1
-    decided = drafter.steps
     assert 20 in decided and 21 in decided  # request b's rows (its prefill, then its first token) decide at once
     alone = [s for s in decided if s < 20]
     assert alone == list(range(alone[0], 20, DECIDE_EVERY))  # one decision every DECIDE_EVERY steps
