@@ -18,6 +18,10 @@ from urllib.parse import urlsplit
 
 CONTENT = b'"content": "'
 EMPTY_CONTENT = b'"content": ""'
+# Once a reply's first token is in (time to first token taken), the client is woken only when
+# this many bytes wait (or the server closes): a chunk is ~200 bytes, so a wake-up per ~10
+# tokens instead of one per token, each of which took a core from llama.cpp's threads.
+RCVLOWAT_BYTES = 2048
 
 
 @dataclass
@@ -96,5 +100,7 @@ def _consume(client: _Client, data: bytes) -> None:
             continue
         if client.first_s is None and CONTENT in line and EMPTY_CONTENT not in line:
             client.first_s = time.perf_counter()
+            assert client.sock is not None
+            client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RCVLOWAT_BYTES)
         elif b'"usage"' in line and b'"choices": []' in line:
             client.n_tokens += json.loads(line[6:])["usage"]["completion_tokens"]
