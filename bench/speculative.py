@@ -98,21 +98,6 @@ def load(target: Path, c: int, draft: str, spec: str, args: argparse.Namespace) 
     return cell
 
 
-def calibrate(target: Path, args: argparse.Namespace) -> None:
-    """Load every auto cell once before anything decodes on this thread, so that --spec auto's
-    calibration (cached per model, slot count and machine) is measured with one OpenMP team alive.
-
-    NOTE: a load calibrates on a scratch thread; once this thread has decoded, its team stays
-    and the two teams slow every decode (libgomp stops spinning), which had priced a Q8_0 draft
-    token 1.5-2x its cost, and auto with a draft model never drafted."""
-    for c in args.concurrency:
-        for draft in args.drafts:
-            if "auto" in args.spec:
-                opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft, spec="auto",
-                                     draft_max=args.draft_max)
-                LoadedModel(target, opts, log=lambda _: None).close()
-
-
 def paired_run(off: Cell, other: Cell, texts: list[str], max_tokens: int) -> None:
     """Step the two engines in turn on the same requests; each is timed on its own steps only.
 
@@ -146,7 +131,6 @@ def main() -> None:
     for d in args.drafts:
         if d != "ngram":
             model_path(d)
-    calibrate(target, args)
     modes = [("off", "", "off"), ("off unpadded", "", "unpadded")]
     modes += [(f"{d.split(':')[-1]} {m}", d, m) for d in args.drafts for m in args.spec]
     rows = []

@@ -66,13 +66,21 @@ def supports_gpu_offload() -> bool:
     return bool(_lc.llama_supports_gpu_offload())
 
 
+_has_decoded = threading.local()  # .team: this thread has decoded, so libgomp keeps a team for it
+
+
 def in_scratch_thread(work: Callable[[], T]) -> T:
     """Run `work` (llama_decode calls made while loading) on a thread that ends right after.
 
     llama.cpp's CPU backend runs on OpenMP (libgomp), which keeps a team of worker threads per
     thread that ever decoded. With two teams alive on this machine's cores, libgomp stops
     spinning at barriers and every decode got 20% (in the server: 40%) slower. A team ends
-    with its thread, so decodes before the engine thread starts belong on a short-lived one."""
+    with its thread, so decodes before the engine thread starts belong on a short-lived one;
+    but a thread that already keeps a team (a program loading a second model after decoding)
+    runs the work itself: a scratch thread's team beside it priced --spec auto's calibration
+    1.5-2x too high."""
+    if getattr(_has_decoded, "team", False):
+        return work()
     result: list[T] = []
     error: list[BaseException] = []
 
@@ -297,6 +305,7 @@ class Context:
         if batch.n_tokens > self.shape.n_batch_max:  # llama.cpp would abort the process
             raise ValueError(f"batch of {batch.n_tokens} tokens exceeds the context's n_batch {self.shape.n_batch_max}")
         batch._struct.n_tokens = batch.n_tokens
+        _has_decoded.team = True
         rc = _lc.llama_decode(self._ptr, batch._struct)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}: {recent_log(2)}")

@@ -169,3 +169,32 @@ def test_the_batch_trace_records_each_decode_and_kv_edit(tiny_model: Model, tmp_
     ops = [json.loads(line) for line in trace.read_text().splitlines()]
     assert ops[0] == ["decode", [[1, [5, 9, 14], 0, [0, 2]]]]  # padded: a second logits row
     assert ops[-1] == ["kv_remove", [1, 2, -1]]
+
+
+def test_a_thread_that_has_decoded_runs_load_time_decodes_itself(tiny_model: Model) -> None:
+    # a second team beside the one such a thread keeps would slow both (and skew calibration)
+    import threading
+
+    from runner.llama import Batch, Context, in_scratch_thread
+
+    seen: dict[str, tuple[int, int]] = {}
+
+    def body() -> None:
+        me = threading.get_ident()
+        seen["before"] = (me, in_scratch_thread(threading.get_ident))
+        ctx = Context(tiny_model, ContextShape(n_seq=1, n_ctx_per_seq=16, n_batch=16, n_threads=2))
+        try:
+            batch = Batch(16)
+            batch.add(0, [1, 2], 0, 1)
+            ctx.decode(batch)
+        finally:
+            ctx.close()
+        seen["after"] = (me, in_scratch_thread(threading.get_ident))
+
+    thread = threading.Thread(target=body)  # a fresh thread: nothing decoded on it yet
+    thread.start()
+    thread.join()
+    me, ran_on = seen["before"]
+    assert ran_on != me  # no team yet: the work goes to a scratch thread
+    me, ran_on = seen["after"]
+    assert ran_on == me
