@@ -167,7 +167,7 @@ class Speculator:
 
     @staticmethod
     def _rows_key(plan: BatchPlan) -> tuple:
-        return tuple((r.slot.id, r.slot.seq.request_id if r.slot.seq else None, r.slot.state) for r in plan.rows)
+        return tuple((r.slot.id, r.slot.seq.request_id if r.slot.seq else None) for r in plan.rows)
 
     def _rests(self, plan: BatchPlan) -> bool:
         """Skip this step's decision (and the proposing): auto priced drafts for these same rows
@@ -254,7 +254,6 @@ class Speculator:
         if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, expected(best), backlog,
                                                                                   catch_up):
             best = {sid: 0 for sid in order}
-        lost = any(gains.values()) and not any(best.values())  # drafts were on offer, and priced out
         if self.drafter.is_free and not any(best.values()):
             # keep learning while drafting looks unprofitable: every slot with a draft probes one
             # token, paid from a budget of EXPLORE_SHARE of the step time. Only probes that add
@@ -271,9 +270,12 @@ class Speculator:
                 self._explore_credit -= extra
                 best = probe
         if all(r.slot.state is SlotState.GENERATING for r in plan.rows):  # decode only: learn what it takes beyond
+            # the catch-up of drafting slots only: an idle draft model's backlog grows every step,
+            # and in the memo key it made every such step a miss
+            read = {sid: backlog[sid] for sid in order if best[sid]} if backlog is not None else None
             self._priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order],
-                                          best, backlog)
-            if lost and not any(best.values()):  # (no probe either)
+                                          best, read)
+            if any(gains.values()) and not any(best.values()):  # drafts on offer, priced out (and no probe)
                 self._n_rest, self._rest_key = DECIDE_EVERY - 1, self._rows_key(plan)
         return best
 
