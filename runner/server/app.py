@@ -122,9 +122,9 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
             if event.error is not None:  # the stream ends with the error event (no [DONE])
                 yield sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
                 return
-            chunk = builder.chunk(event)
+            chunk = builder.chunk_sse(event)
             if chunk is not None:
-                yield sse(chunk)
+                yield chunk
         if include_usage and builder.usage is not None:
             yield sse(builder.usage_chunk())
         yield sse("[DONE]")

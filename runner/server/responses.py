@@ -85,6 +85,8 @@ class ResponseBuilder:
         self.completion_logprobs = CompletionLogprobs()
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
+        self._text_head: str | None = None  # chunk_sse's template around a text delta
+        self._text_tail = ""
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         obj = "chat.completion" if self.is_chat else "text_completion"
@@ -139,6 +141,23 @@ class ResponseBuilder:
             if event.drafted:
                 choice["drafted"] = list(event.drafted)
         return self._envelope([choice], chunk=True)
+
+    def chunk_sse(self, event: StreamEvent) -> str | None:
+        """`sse(chunk(event))`, with the usual chunk (text only, the stream goes on) written from a
+        per-request template: building and encoding the whole envelope was a fifth of the event
+        loop's CPU per streamed token."""
+        if self.wants_logprobs or event.finish_reason is not None or not event.text:
+            chunk = self.chunk(event)
+            return None if chunk is None else sse(chunk)
+        self.add(event)
+        if self._text_head is None:
+            head = json.dumps({**self._envelope([], chunk=True), "choices": None}, ensure_ascii=False)
+            self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": 0, '
+                               + ('"delta": {"content": ' if self.is_chat else '"text": '))
+            self._text_tail = ("}" if self.is_chat else "") + ', "logprobs": null, "finish_reason": null'
+        drafted = (', "drafted": [' + ", ".join("true" if d else "false" for d in event.drafted) + "]"
+                   if event.drafted else "")
+        return self._text_head + json.dumps(event.text, ensure_ascii=False) + self._text_tail + drafted + "}]}\n\n"
 
     def usage_chunk(self) -> dict[str, Any]:
         assert self.usage is not None
