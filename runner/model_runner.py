@@ -45,18 +45,18 @@ class ModelRunner:
         starts, junk_rows = [], []
         for i, row in enumerate(rows):
             starts.append(batch.n_tokens)
-            batch.add(row.slot.id, row.token_ids, row.first_pos, row.n_logits)
+            row.first_logit = batch.add(row.slot.id, row.token_ids, row.first_pos, row.n_logits)
             if padding and padding.junk[i]:
                 first_junk = row.first_pos + len(row.token_ids)
                 batch.add(row.slot.id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
                 junk_rows.append((row.slot.id, first_junk))
-        if padding:
+        if padding and any(padding.extra_logits):  # extra logits rows shift the rows after them
             for start, offsets in zip(starts, padding.extra_logits):
                 for offset in offsets:
                     batch.set_logits(start + offset)
-        out_rows = batch.output_rows()
-        for row, start in zip(rows, starts):
-            row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
+            out_rows = batch.output_rows()
+            for row, start in zip(rows, starts):
+                row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
         if self._trace:
             self._record(("decode", self._traced_rows(rows, padding)))
         logits = self.context.decode(batch)

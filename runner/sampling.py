@@ -82,9 +82,9 @@ class Sampler:
     def distribution(self, logits: np.ndarray) -> Distribution:
         """The distribution the next token is drawn from (greedy: a point mass)."""
         p = self.params
-        x = self.adjusted_logits(logits)
         if p.is_greedy:
-            return Distribution(np.array([int(np.argmax(x))]), np.array([1.0]))
+            return Distribution(np.array([self.greedy_token(logits)]), np.array([1.0]))
+        x = self.adjusted_logits(logits)
         n_vocab = x.shape[0]
         if 0 < p.top_k < n_vocab:
             ids = np.argpartition(x, n_vocab - p.top_k)[n_vocab - p.top_k :]
@@ -103,6 +103,9 @@ class Sampler:
             n_keep = int(np.searchsorted(cum, p.top_p * cum[-1])) + 1
             ids, probs = ids[:n_keep], probs[:n_keep]
         return Distribution(ids, probs / probs.sum())
+
+    def greedy_token(self, logits: np.ndarray) -> int:
+        return int(np.argmax(self.adjusted_logits(logits)))
 
     def sample(self, logits: np.ndarray) -> int:
         dist = self.distribution(logits)

@@ -47,21 +47,28 @@ def point_mass(token_id: int) -> Distribution:
 
 def verify(sampler: Sampler, rows: np.ndarray, draft_ids: list[int], draft_dists: list[Distribution | None]) -> Verdict:
     """Decide which drafts the target keeps, and its own next token. Updates the sampler's history."""
+    if sampler.params.is_greedy:
+        return _verify_greedy(sampler, rows, draft_ids)
     committed: list[int] = []
     for i, draft in enumerate(draft_ids):
         p = sampler.distribution(rows[i])
-        if sampler.params.is_greedy:
-            target = int(p.token_ids[0])
-            if target != draft:
-                return Verdict(committed + [target], i)
-        else:
-            q = draft_dists[i] or point_mass(draft)
-            p_d, q_d = _prob_of(p, draft), _prob_of(q, draft)
-            # accept with probability min(1, p/q); on rejection draw from normalize(max(0, p - q))
-            if not (q_d > 0.0 and sampler.uniform() < min(1.0, p_d / q_d)):
-                return Verdict(committed + [sampler.draw(residual(p, q))], i)
+        q = draft_dists[i] or point_mass(draft)
+        p_d, q_d = _prob_of(p, draft), _prob_of(q, draft)
+        # accept with probability min(1, p/q); on rejection draw from normalize(max(0, p - q))
+        if not (q_d > 0.0 and sampler.uniform() < min(1.0, p_d / q_d)):
+            return Verdict(committed + [sampler.draw(residual(p, q))], i)
         committed.append(draft)
         sampler.accept(draft)
     bonus = sampler.distribution(rows[len(draft_ids)])
     token = int(bonus.token_ids[0]) if len(bonus.token_ids) == 1 else sampler.draw(bonus)
     return Verdict(committed + [token], len(draft_ids))
+
+
+def _verify_greedy(sampler: Sampler, rows: np.ndarray, draft_ids: list[int]) -> Verdict:
+    """Keep drafts while they are the target's argmax; then the target's own token."""
+    for i, draft in enumerate(draft_ids):
+        target = sampler.greedy_token(rows[i])
+        if target != draft:
+            return Verdict(draft_ids[:i] + [target], i)
+        sampler.accept(draft)
+    return Verdict(draft_ids + [sampler.greedy_token(rows[len(draft_ids)])], len(draft_ids))
