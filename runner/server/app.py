@@ -46,12 +46,13 @@ class ServerState:
     model_ids: list[str]
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    stream_interval_s: float = 0.0  # see EventPump
     is_closed: bool = False
     _pump: EventPump | None = None
 
     def event_pump(self) -> EventPump:
         if self._pump is None:  # created lazily: it needs the running loop
-            self._pump = EventPump(asyncio.get_running_loop())
+            self._pump = EventPump(asyncio.get_running_loop(), self.stream_interval_s)
         return self._pump
 
     def close(self) -> None:
@@ -117,14 +118,20 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
         if first is not None:
             yield sse(first)
         while not finished:
-            event = await events.get()
-            finished = event.is_final
-            if event.error is not None:  # the stream ends with the error event (no [DONE])
-                yield sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
-                return
-            chunk = builder.chunk_sse(event)
-            if chunk is not None:
-                yield chunk
+            ready = [await events.get()]
+            while not events.empty():  # what arrived together leaves in one write
+                ready.append(events.get_nowait())
+            out = []
+            for event in ready:
+                finished = event.is_final
+                if event.error is not None:  # the stream ends with the error event (no [DONE])
+                    yield "".join(out) + sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
+                    return
+                chunk = builder.chunk_sse(event)
+                if chunk is not None:
+                    out.append(chunk)
+            if out:
+                yield "".join(out)
         if include_usage and builder.usage is not None:
             yield sse(builder.usage_chunk())
         yield sse("[DONE]")

@@ -10,6 +10,7 @@ from runner.options import EngineOptions, add_flags, from_args
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
+DEFAULT_STREAM_INTERVAL_MS = 20.0
 
 
 def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -22,8 +23,22 @@ def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
     p.add_argument("--alias", action="append", default=[], help="another model id to answer to (repeatable)")
+    p.add_argument("--stream-interval", type=_milliseconds, default=DEFAULT_STREAM_INTERVAL_MS, metavar="MS",
+                   help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
+                        "and last token at once; 0: every token as it is sampled, which costs the engine a "
+                        f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
     p.add_argument("-q", "--quiet", action="store_true", help="less output on stderr")
     add_flags(p, EngineOptions)
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected 0 or more milliseconds, got {text!r}")
+    return value
 
 
 def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None = None) -> int:
@@ -41,7 +56,8 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
     engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
     engine_thread.start()
-    state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key)
+    state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key,
+                        stream_interval_s=args.stream_interval / 1000)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     _announce_when_ready(server, loaded.name, loaded.options.parallel, on_ready)
