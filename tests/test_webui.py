@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_greedy_in_the_page_equals_the_api(page, server: ServerProcess) -> None:
     api = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "What is 2 + 2?"}],
                                                     "temperature": 0, "max_tokens": 24}).json()
     assert reply_text(page) == api["choices"][0]["message"]["content"].strip()
-    page.screenshot(path=str(REPO / "docs" / "ui.png"))  # the README shows it
+    if os.environ.get("RUNNER_UPDATE_SCREENSHOT"):  # the README shows it; a plain test run leaves the checkout alone
+        page.screenshot(path=str(REPO / "docs" / "ui.png"))
 
 
 def test_model_output_cannot_inject_html(page, tmp_path: Path) -> None:
