@@ -27,9 +27,9 @@ class ModelRunner:
         self.context = Context(model, shape)
         self._batch = Batch(shape.n_batch_max)
         trace_path = os.environ.get(TRACE_ENV)
-        # a JSON line per op: bench/parallel.py replays it as it grows (--interleaved: in turns of ~1 s)
+        # a JSON line per op: bench/parallel.py replays it as it grows (--interleaved: in turns of 0.2 s)
         self._trace = Path(trace_path).open("w", buffering=TRACE_BUFFER_BYTES) if trace_path else None
-        self._trace_ops: list[tuple] = []
+        self._trace_ops: list[list] = []
         self._trace_flushed_s = 0.0
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
 
@@ -58,7 +58,7 @@ class ModelRunner:
             for row, start in zip(rows, starts):
                 row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
         if self._trace:
-            self._record(("decode", self._traced_rows(rows, padding)))
+            self._record(["decode", self._traced_rows(rows, padding)])
         logits = self.context.decode(batch)
         for seq_id, first_junk in junk_rows:
             self.kv_remove(seq_id, first_junk, -1)
@@ -73,31 +73,32 @@ class ModelRunner:
         return None if padding.is_empty else padding
 
     @staticmethod
-    def _traced_rows(rows: list[BatchRow], padding: Padding | None) -> list[tuple]:
-        """(seq, tokens, junk tokens, first_pos, offsets of the tokens that output logits) per row.
+    def _traced_rows(rows: list[BatchRow], padding: Padding | None) -> list[list]:
+        """[seq, tokens (junk included), first_pos, offsets of the tokens that output logits] per row.
 
         Built from the rows' own lists: numpy conversions here cost the server ~40 us a step."""
         traced = []
         for i, row in enumerate(rows):
             n = len(row.token_ids)
-            offsets = list(range(n - row.n_logits, n))
+            tokens, offsets = row.token_ids, list(range(n - row.n_logits, n))
             if padding:
+                tokens = tokens + [tokens[-1]] * padding.junk[i]
                 offsets = sorted(set(offsets).union(padding.extra_logits[i]))
-            traced.append((row.slot.id, row.token_ids, padding.junk[i] if padding else 0, row.first_pos, offsets))
+            traced.append([row.slot.id, tokens, row.first_pos, offsets])
         return traced
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         if self._trace:
-            self._record(("kv_remove", [seq_id, p0, p1]))
+            self._record(["kv_remove", [seq_id, p0, p1]])
         return self.context.kv_remove(seq_id, p0, p1)
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
         """Make dst's KV a copy of src's (one stream per slot: llama.cpp copies whole streams)."""
         if self._trace:
-            self._record(("kv_copy_all", [src_seq, dst_seq]))
+            self._record(["kv_copy_all", [src_seq, dst_seq]])
         self.context.kv_copy(src_seq, dst_seq, -1, -1)
 
-    def _record(self, op: tuple) -> None:
+    def _record(self, op: list) -> None:
         """Keep one op; they reach the file (a JSON line each) at least every TRACE_FLUSH_S.
 
         NOTE: serialized at flush time, not per op: per-step JSON and write syscalls were charged
@@ -111,11 +112,8 @@ class ModelRunner:
 
     def _flush_trace(self) -> None:
         assert self._trace is not None
-        for kind, args in self._trace_ops:
-            if kind == "decode":  # the replay's shape: [seq, tokens with junk, first_pos, logits offsets]
-                args = [[seq, [*tokens, *[tokens[-1]] * junk], first_pos, offsets]
-                        for seq, tokens, junk, first_pos, offsets in args]
-            self._trace.write(json.dumps([kind, args]) + "\n")
+        for op in self._trace_ops:
+            self._trace.write(json.dumps(op) + "\n")
         self._trace_ops.clear()
         self._trace.flush()
 

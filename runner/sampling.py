@@ -54,11 +54,10 @@ class Sampler:
         self._rng = np.random.default_rng(seed)
         self._recent: list[int] = list(prompt_ids or [])[-params.repeat_last_n :] if params.repeat_last_n else []
         self._generated_counts: Counter[int] = Counter()
-        self._has_penalties = params.has_penalties
 
     def accept(self, token_id: int) -> None:
         """Record a token that became part of the output (penalties look at it)."""
-        if not self._has_penalties:  # nothing reads the history: skip the per-token bookkeeping
+        if not self.params.has_penalties:  # nothing reads the history: skip the per-token bookkeeping
             return
         if self.params.repeat_last_n:
             self._recent.append(token_id)

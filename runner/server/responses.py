@@ -85,8 +85,11 @@ class ResponseBuilder:
         self.completion_logprobs = CompletionLogprobs()
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
-        self._text_head: str | None = None  # chunk_sse's template around a text delta
-        self._text_tail = ""
+        # chunk_sse's template around a text delta: the envelope with its one choice cut open
+        head = json.dumps({**self._envelope([], chunk=True), "choices": None}, ensure_ascii=False)
+        self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": 0, '
+                           + ('"delta": {"content": ' if self.is_chat else '"text": '))
+        self._text_tail = ("}" if self.is_chat else "") + ', "logprobs": null, "finish_reason": null'
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         obj = "chat.completion" if self.is_chat else "text_completion"
@@ -150,13 +153,7 @@ class ResponseBuilder:
             chunk = self.chunk(event)
             return None if chunk is None else sse(chunk)
         self.add(event)
-        if self._text_head is None:
-            head = json.dumps({**self._envelope([], chunk=True), "choices": None}, ensure_ascii=False)
-            self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": 0, '
-                               + ('"delta": {"content": ' if self.is_chat else '"text": '))
-            self._text_tail = ("}" if self.is_chat else "") + ', "logprobs": null, "finish_reason": null'
-        drafted = (', "drafted": [' + ", ".join("true" if d else "false" for d in event.drafted) + "]"
-                   if event.drafted else "")
+        drafted = f', "drafted": {json.dumps(list(event.drafted))}' if event.drafted else ""
         return self._text_head + json.dumps(event.text, ensure_ascii=False) + self._text_tail + drafted + "}]}\n\n"
 
     def usage_chunk(self) -> dict[str, Any]:
