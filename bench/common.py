@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from runner.pull import pull
-from runner.store import ModelStore
+from runner.catalog.pull import pull
+from runner.catalog.store import ModelStore
 
 
 def model_path(name: str) -> Path:

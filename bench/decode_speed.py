@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import median, model_path, print_table  # noqa: E402
 
 from runner.api import Runner  # noqa: E402
-from runner.llama import Batch, Context, ContextShape, Model  # noqa: E402
+from runner.runtime.llama import Batch, Context, ContextShape, Model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper."
 
@@ -42,7 +42,7 @@ def raw_loop(model: Model, prompt_ids: list[int], n_tokens: int, threads: int) -
 def engine_loop(runner: Runner, prompt_ids: tuple[int, ...], n_tokens: int) -> float:
     runner.loaded.engine.scheduler.pool.slots[0].truncate(0)
     runner.loaded.runner.kv_remove(0)
-    request = dataclasses.replace(runner.request(prompt_ids, max_tokens=n_tokens + 1, temperature=0), ignore_eos=True)
+    request = dataclasses.replace(runner.scheduler.request(prompt_ids, max_tokens=n_tokens + 1, temperature=0), ignore_eos=True)
     started = None
     n = 0
     for event in runner.stream(request):

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
 
-from runner.llama import Batch, Context, ContextShape, Model  # noqa: E402
+from runner.runtime.llama import Batch, Context, ContextShape, Model  # noqa: E402
 
 PROMPTS = [
     "Explain how a bicycle works.", "Write a short poem about autumn.", "What causes rain?",

@@ -26,7 +26,7 @@ from common import model_path, print_table  # noqa: E402
 
 from runner.loaded_model import LoadedModel  # noqa: E402
 from runner.options import EngineOptions  # noqa: E402
-from runner.request import GenerationRequest  # noqa: E402
+from runner.scheduler.request import GenerationRequest  # noqa: E402
 from runner.sampling import SamplingParams  # noqa: E402
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wiped the great lens, "

@@ -16,8 +16,8 @@ from typing import Any
 from runner.chat_template import Message
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
-from runner.request import GenerationRequest, StreamEvent
 from runner.sampling import SamplingParams
+from runner.scheduler.request import GenerationRequest, StreamEvent
 
 _ids = itertools.count(1)
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -40,8 +40,9 @@ class Runner:
         self.close()
 
     def request(
-        self, prompt_ids: tuple[int, ...], max_tokens: int = 256, stop: tuple[str, ...] = (), **sampling: Any
+        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: tuple[str, ...] = (), **sampling: Any
     ) -> GenerationRequest:
+        """max_tokens: EngineOptions.max_tokens when not given (a reply also ends at the slot's context)."""
         unknown = set(sampling) - _SAMPLING_FIELDS
         if unknown:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
@@ -49,7 +50,7 @@ class Runner:
             request_id=f"api-{next(_ids)}",
             prompt_ids=prompt_ids,
             sampling=SamplingParams(**sampling),
-            max_tokens=max_tokens,
+            max_tokens=max_tokens or self.loaded.options.max_tokens,
             stop=tuple(stop),
         )
 

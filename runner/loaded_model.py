@@ -6,22 +6,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from runner.catalog.catalog import ModelRef
+from runner.catalog.store import ModelStore
 from runner.chat_template import ChatTemplate, Message
-from runner.engine import Engine
-from runner.gguf_file import GgufInfo, read_gguf
-from runner.llama import Context, ContextShape, Model, in_scratch_thread
-from runner.memory_plan import MemoryPlan
-from runner.model_runner import ModelRunner
 from runner.options import EngineOptions
-from runner.scheduler import Scheduler
-from runner import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
-from runner.catalog import ModelRef
-from runner.drafter import make_drafter
-from runner.draft_agreement import measure_agreement
-from runner.speculator import PRIOR_ACCEPT, SpecMode, Speculator
-from runner.step_costs import (ShapeCosts, StepCosts, agreement_key, cached_costs, cached_json, calibration_key,
-                               measure)
-from runner.store import ModelStore
+from runner.runtime.calibration import measure
+from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key
+from runner.runtime.draft_agreement import measure_agreement
+from runner.runtime.gguf_file import GgufInfo, read_gguf
+from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread
+from runner.runtime.memory_plan import MemoryPlan
+from runner.runtime.model_runner import ModelRunner
+from runner.scheduler.engine import Engine
+from runner.scheduler.scheduler import Scheduler
+from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.speculation.cost_model import ShapeCosts, StepCosts
+from runner.speculation.drafter import make_drafter
+from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
 
 
 def _stderr(line: str) -> None:
@@ -114,11 +115,11 @@ class LoadedModel:
         opts, shape = self.options, context.shape
         key = calibration_key(path, opts.threads, opts.n_gpu_layers, shape.n_seq, shape.n_ubatch)
 
-        def calibrate() -> ShapeCosts:
+        def calibrate() -> dict:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
             return in_scratch_thread(lambda: measure(context))
 
-        return cached_costs(store.root, key, calibrate)
+        return ShapeCosts.from_json(cached_json(store.root, key, calibrate))
 
     def _agreement(self, store: ModelStore, draft_path: Path, draft_context: Context,
                    log: Callable[[str], None]) -> float:

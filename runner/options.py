@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 from runner.sampling import SamplingParams
 
 T = TypeVar("T")
-KV_CHOICES = ("f16", "q8_0", "q4_0")
+# KV cache types: bytes per stored value (ggml block sizes); llama.py maps each name to its ggml type
+KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+N_UBATCH_MAX = 512  # llama.cpp runs a batch in micro-batches of at most this many tokens (its n_ubatch)
 
 
 def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -25,8 +27,10 @@ class EngineOptions:
     batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
     threads: int = _opt(os.cpu_count() or 1, "CPU threads for llama.cpp")
     n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
+    max_tokens: int = _opt(1024, "most tokens in a reply when a request does not say (and never past the slot's "
+                                 "context)")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
-    kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=KV_CHOICES)
+    kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
     draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
     draft_max: int = _opt(4, "most tokens drafted per slot and step")
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "

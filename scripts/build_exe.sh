@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-.venv/bin/python}"
-MODEL="$("$PY" -c 'from runner.pull import pull; from runner.store import ModelStore; s = ModelStore(); print(pull(s.catalog.resolve(s.catalog.default), s))')"
+MODEL="$("$PY" -c 'from runner.catalog.pull import pull; from runner.catalog.store import ModelStore; s = ModelStore(); print(pull(s.catalog.resolve(s.catalog.default), s))')"
 exec "$PY" -m runner bundle "$MODEL" -o dist/runner

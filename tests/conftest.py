@@ -21,7 +21,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_gguf: Path):
-    from runner.llama import Model
+    from runner.runtime.llama import Model
 
     model = Model(tiny_gguf)
     yield model
@@ -36,8 +36,8 @@ def model_cache() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_path(model_cache: Path) -> Path:
-    from runner.pull import pull
-    from runner.store import ModelStore
+    from runner.catalog.pull import pull
+    from runner.catalog.store import ModelStore
 
     store = ModelStore(root=model_cache)
     return pull(store.catalog.resolve("smollm2-135m-instruct"), store, quiet=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runner.scheduler import BatchRow
+from runner.scheduler.batch import BatchRow
 
 N_VOCAB = 50
 EOG_ID = 0
@@ -16,19 +16,18 @@ class FakeRuntime:
         self.batches: list[list[tuple[int, list[int], int, int]]] = []
         self.copies: list[tuple[int, int]] = []
 
-    def decode(self, rows: list[BatchRow]) -> np.ndarray:
-        self.batches.append([(r.slot.id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
+    def decode(self, rows: list[BatchRow]) -> list[np.ndarray]:
+        self.batches.append([(r.seq_id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
         out: list[np.ndarray] = []
         for r in rows:
-            kv = self.kv.setdefault(r.slot.id, [])
+            kv = self.kv.setdefault(r.seq_id, [])
             assert len(kv) == r.first_pos, "positions must continue the cached sequence"
             kv.extend(r.token_ids)
-            r.first_logit = len(out) if r.n_logits else -1
-            for token_id in r.token_ids[len(r.token_ids) - r.n_logits:]:  # each row predicts its token + 1
-                row = np.zeros(N_VOCAB, dtype=np.float32)
-                row[(token_id + 1) % N_VOCAB] = 1.0
-                out.append(row)
-        return np.array(out).reshape(len(out), N_VOCAB)
+            logits = np.zeros((r.n_logits, N_VOCAB), dtype=np.float32)
+            for i, token_id in enumerate(r.token_ids[len(r.token_ids) - r.n_logits:]):  # each predicts its token + 1
+                logits[i, (token_id + 1) % N_VOCAB] = 1.0
+            out.append(logits)
+        return out
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         assert p1 == -1

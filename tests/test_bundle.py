@@ -1,4 +1,4 @@
-from runner.bundle import compiled_features, missing_features
+from runner.cli.bundle import compiled_features, missing_features
 
 INFO = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | LLAMAFILE = 1 |"
 OLD_CPU = "processor: 0\nflags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx\n"

@@ -1,6 +1,6 @@
 import pytest
 
-from runner.catalog import Catalog
+from runner.catalog.catalog import Catalog
 from runner.errors import CatalogError
 
 

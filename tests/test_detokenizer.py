@@ -1,4 +1,4 @@
-from runner.detokenizer import Detokenizer
+from runner.scheduler.detokenizer import Detokenizer
 
 PIECES = {1: b"Hel", 2: b"lo", 3: b" \xc3", 4: b"\xa9t", 5: b"\xc3\xa9", 6: b"EN", 7: b"D", 8: b"\n", 9: b"Us", 10: b"er:"}
 

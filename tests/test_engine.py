@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from engines import load_tiny
 from runner.loaded_model import LoadedModel
-from runner.options import EngineOptions
-from runner.request import GenerationRequest, StreamEvent
+from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.sampling import SamplingParams
 
 PROMPTS = ["hello the world", "in the beginning", "a b c d e f", "the thin thing", "zz top", "éèê ok"]
 
 
 def load(path: Path, parallel: int, batch: int = 64) -> LoadedModel:
-    return LoadedModel(path, EngineOptions(parallel=parallel, ctx_size=256, batch_size=batch, threads=2), log=lambda _: None)
+    return load_tiny(path, parallel, batch_size=batch)
 
 
 def generate(loaded: LoadedModel, prompts: list[str], sampling: SamplingParams, max_tokens: int = 24) -> list[list[int]]:
@@ -95,7 +95,7 @@ LONG_SYSTEM = "the thin thing in the hat " * 12  # ~100+ tokens of shared prefix
 def test_kv_copied_from_another_slot_gives_fresh_prefill_logits(tiny_model) -> None:
     import numpy as np
 
-    from runner.llama import Batch, Context, ContextShape
+    from runner.runtime.llama import Batch, Context, ContextShape
 
     ids = tiny_model.tokenize(LONG_SYSTEM + "and more words", add_special=False)
     n = len(ids) - 1

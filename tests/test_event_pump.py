@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from runner.request import FinishReason, StreamEvent
+from runner.scheduler.request import FinishReason, StreamEvent
 from runner.server.event_pump import EventPump
 
 

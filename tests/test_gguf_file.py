@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import ModelFileError
-from runner.gguf_file import read_gguf
+from runner.runtime.gguf_file import read_gguf
 
 
 def test_reads_tiny_model_header(tiny_gguf: Path) -> None:

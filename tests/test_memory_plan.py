@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from runner.errors import MemoryPlanError
-from runner.gguf_file import read_gguf
-from runner.memory_plan import MemoryPlan
+from runner.runtime.gguf_file import read_gguf
+from runner.runtime.memory_plan import MemoryPlan
 from runner.options import EngineOptions
 
 

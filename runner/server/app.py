@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -24,10 +23,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError
-from runner.engine_thread import EngineThread
 from runner.loaded_model import LoadedModel
-from runner.request import GenerationRequest, StreamEvent
-from runner.scheduler import PromptTooLongError, QueueFullError
+from runner.scheduler.request import GenerationRequest, StreamEvent
+from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
+from runner.server.engine_thread import EngineThread
 from runner.server.errors import ApiError, invalid
 from runner.server.event_pump import EventPump
 from runner.server.metrics import render_metrics
@@ -80,11 +79,11 @@ def _generation_request(
     if any(t < 0 or t >= state.loaded.model.n_vocab for t in prompt_ids):
         raise invalid(f"prompt token ids must be in [0, {state.loaded.model.n_vocab})", "prompt")
     try:
-        state.engine_thread.engine.scheduler.check_prompt(len(prompt_ids))
+        state.engine_thread.check_prompt(len(prompt_ids))
     except PromptTooLongError as exc:
         raise invalid(str(exc), "messages" if prefix == "chatcmpl" else "prompt", "context_length_exceeded") from None
     room = state.loaded.options.ctx_size - len(prompt_ids)
-    max_tokens = min(common.max_tokens or room, room)
+    max_tokens = min(common.max_tokens or state.loaded.options.max_tokens, room)
     return GenerationRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=prompt_ids,

@@ -1,8 +1,8 @@
 """Hand engine events to the asyncio loop without waking it for every token.
 
 Waking the loop from the engine thread (call_soon_threadsafe: a write to the loop's self-pipe)
-costs the engine 60-90 us of its step on a 2-core VM, and the loop's work then takes a core
-from llama_decode. So with an interval, the loop collects events on its own timer, which
+is a cross-thread wake-up inside the engine's step, and the loop's work then takes a core from
+llama_decode (docs/benchmarks.md, "Findings"). So with an interval, the loop collects events on its own timer, which
 costs the engine nothing; the engine wakes it only for a request's first event (time to first
 token), a last event (the end of a reply), and the first event after the timer stopped (it
 stops after a tick that found nothing). Whatever is pending when the loop runs, for every
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from runner.request import EventSink, StreamEvent
+from runner.scheduler.request import EventSink, StreamEvent
 
 
 class EventPump:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.engine_thread import EngineThread
+from runner.server.engine_thread import EngineThread
 
 
 def render_metrics(engine_thread: EngineThread) -> str:

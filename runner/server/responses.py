@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.request import FinishReason, StreamEvent, TokenLogprob, Usage
+from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
 
 TokenText = Callable[[int], bytes]
 

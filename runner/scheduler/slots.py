@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.sequence import Sequence
+from runner.scheduler.sequence import Sequence
 
 BLOCK_LEN = 64
 # Copying another slot's KV costs a whole stream copy; below this many extra tokens, recompute.

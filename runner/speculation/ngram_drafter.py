@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.drafter import DraftJob, register_drafter
+from runner.speculation.drafter import DraftJob, register_drafter
 
 NGRAM_MAX = 4
 NGRAM_MIN = 1

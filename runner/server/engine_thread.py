@@ -12,9 +12,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runner.engine import Engine
-from runner.request import EventSink, FinishReason, GenerationRequest, StreamEvent
-from runner.scheduler import QueueFullError
+from runner.scheduler.engine import Engine
+from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent
+from runner.scheduler.scheduler import QueueFullError
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class EngineThread:
     def __init__(self, engine: Engine, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self._inbox: deque[Callable[[], None]] = deque()
+        self._n_arriving = 0  # submits in the inbox (cancels there wait for no slot)
         self._wake = threading.Condition()
         self._stopping = False
         self._on_error = on_error
@@ -50,14 +51,20 @@ class EngineThread:
         self._thread.join(timeout=30)
 
     # -- called from other threads ----------------------------------------------------------
+    def check_prompt(self, n_prompt: int) -> None:
+        """Raises PromptTooLongError for a prompt no slot can hold (reads only the fixed slot size)."""
+        self.engine.scheduler.check_prompt(n_prompt)
+
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue a request; raises QueueFullError when --max-queue requests already wait."""
         scheduler = self.engine.scheduler
         scheduler.check_prompt(len(request.prompt_ids))
-        n_waiting = len(self._inbox) + scheduler.n_waiting
-        if n_waiting >= scheduler.max_queue and scheduler.pool.n_busy >= len(scheduler.pool.slots):
-            raise QueueFullError(f"the queue is full ({scheduler.max_queue} requests waiting)")
-        self._post(lambda: self._submit_now(request, sink))
+        with self._wake:
+            if scheduler.is_queue_full(self._n_arriving):
+                raise QueueFullError(f"the queue is full ({scheduler.max_queue} requests waiting)")
+            self._n_arriving += 1
+            self._inbox.append(lambda: self._submit_now(request, sink))
+            self._wake.notify()
 
     def cancel(self, request_id: str) -> None:
         self._post(lambda: self.engine.cancel(request_id))
@@ -79,7 +86,7 @@ class EngineThread:
 
     @property
     def n_waiting(self) -> int:
-        return len(self._inbox) + self.engine.scheduler.n_waiting
+        return self._n_arriving + self.engine.scheduler.n_waiting
 
     # -- the engine thread ------------------------------------------------------------------
     def _post(self, command: Callable[[], None]) -> None:
@@ -88,6 +95,8 @@ class EngineThread:
             self._wake.notify()
 
     def _submit_now(self, request: GenerationRequest, sink: EventSink) -> None:
+        with self._wake:
+            self._n_arriving -= 1
         try:
             self.engine.submit(request, sink)
         except QueueFullError as exc:  # the queue filled between the check and now

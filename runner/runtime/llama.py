@@ -12,14 +12,14 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
-
-import numpy as np
+from typing import TypeVar
 
 import llama_cpp as _lc
+import numpy as np
 
 from runner.errors import ModelLoadError
+from runner.options import N_UBATCH_MAX
 
 T = TypeVar("T")
 
@@ -73,12 +73,11 @@ def in_scratch_thread(work: Callable[[], T]) -> T:
     """Run `work` (llama_decode calls made while loading) on a thread that ends right after.
 
     llama.cpp's CPU backend runs on OpenMP (libgomp), which keeps a team of worker threads per
-    thread that ever decoded. With two teams alive on this machine's cores, libgomp stops
-    spinning at barriers and every decode got 20% (in the server: 40%) slower. A team ends
-    with its thread, so decodes before the engine thread starts belong on a short-lived one;
-    but a thread that already keeps a team (a program loading a second model after decoding)
-    runs the work itself: a scratch thread's team beside it priced --spec auto's calibration
-    1.5-2x too high."""
+    thread that ever decoded. With two teams alive on the same cores, libgomp stops spinning at
+    barriers and every decode gets slower. A team ends with its thread, so decodes before the
+    engine thread starts belong on a short-lived one; but a thread that already keeps a team (a
+    program loading a second model after decoding) runs the work itself: a scratch thread's team
+    beside it would skew --spec auto's calibration."""
     if getattr(_has_decoded, "team", False):
         return work()
     result: list[T] = []
@@ -190,7 +189,6 @@ class Model:
             self._ptr = None
 
 
-KV_TYPES: dict[str, int] = {"f16": _lc.GGML_TYPE_F16, "q8_0": _lc.GGML_TYPE_Q8_0, "q4_0": _lc.GGML_TYPE_Q4_0}
 
 
 @dataclass(frozen=True)
@@ -205,7 +203,7 @@ class ContextShape:
 
     @property
     def n_ubatch(self) -> int:
-        return min(self.n_batch, 512)
+        return min(self.n_batch, N_UBATCH_MAX)
 
     @property
     def n_batch_max(self) -> int:
@@ -288,7 +286,8 @@ class Context:
         params.n_threads = shape.n_threads
         params.n_threads_batch = shape.n_threads
         params.kv_unified = shape.kv_unified
-        params.type_k = params.type_v = KV_TYPES[shape.kv_type]
+        # the KV types are the names in options.KV_BYTES_PER_VALUE
+        params.type_k = params.type_v = getattr(_lc, f"GGML_TYPE_{shape.kv_type.upper()}")
         if shape.kv_type != "f16":
             params.flash_attn_type = _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp needs it for a quantized V cache
         params.no_perf = True
@@ -323,8 +322,8 @@ class Context:
         address = ctypes.cast(ptr, ctypes.c_void_p).value
         n = batch.n_outputs
         if address != self._logits_address or n > len(self._logits):
-            # NOTE: as_array costs ~10 us a call (a ctypes array type per shape); most steps reuse
-            # the view of the buffer llama.cpp keeps between decodes
+            # NOTE: as_array builds a ctypes array type per call; most steps reuse the view of the
+            # buffer llama.cpp keeps between decodes
             self._logits = np.ctypeslib.as_array(ptr, shape=(n, self._n_vocab))
             self._logits_address = address
         return self._logits[:n]

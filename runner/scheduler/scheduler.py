@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from runner.errors import RunnerError
-from runner.request import FinishReason
-from runner.sampling import Distribution
-from runner.sequence import Sequence
-from runner.slots import Slot, SlotPool, SlotState
+from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.request import FinishReason
+from runner.scheduler.sequence import Sequence
+from runner.scheduler.slots import Slot, SlotPool, SlotState
 
 
 class QueueFullError(RunnerError):
@@ -31,40 +30,6 @@ class PromptTooLongError(RunnerError):
 class KvOps(Protocol):
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
-
-
-@dataclass
-class BatchRow:
-    """A run of one slot's tokens in the step's batch; the last n_logits of them output logits.
-
-    A generating slot's row is its next token plus any drafts to verify (n_logits = 1 + drafts)."""
-
-    slot: Slot
-    token_ids: list[int]
-    first_pos: int
-    n_logits: int
-    first_logit: int = -1  # output row of the first logits row, set when the batch is built
-    draft_ids: list[int] = field(default_factory=list)
-    draft_dists: list[Distribution | None] = field(default_factory=list)
-    n_accepted: int = 0  # set by postprocess
-
-    def add_drafts(self, draft_ids: list[int], draft_dists: list[Distribution | None]) -> None:
-        self.draft_ids, self.draft_dists = draft_ids, draft_dists
-        self.token_ids = self.token_ids[:1] + draft_ids
-        self.n_logits = 1 + len(draft_ids)
-
-
-@dataclass
-class BatchPlan:
-    rows: list[BatchRow] = field(default_factory=list)
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.rows)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.rows
 
 
 class Scheduler:
@@ -90,9 +55,14 @@ class Scheduler:
                 f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
             )
 
+    def is_queue_full(self, n_arriving: int = 0) -> bool:
+        """Would one more request (after n_arriving not yet submitted) wait beyond --max-queue?"""
+        n_free = len(self.pool.slots) - self.pool.n_busy
+        return len(self.waiting) + n_arriving - n_free >= self.max_queue
+
     def submit(self, seq: Sequence) -> None:
         self.check_prompt(len(seq.prompt_ids))
-        if len(self.waiting) >= self.max_queue and not self.pool.has_free():
+        if self.is_queue_full():
             raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
         self.waiting.append(seq)
 
@@ -135,9 +105,9 @@ class Scheduler:
             budget -= n_chunk
         return plan
 
-    def postprocess(self, plan: BatchPlan, logits: np.ndarray) -> None:
-        """Record what entered the KV, sample every logits row, finish and free slots."""
-        for row in plan.rows:
+    def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:
+        """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and free slots."""
+        for row, rows in zip(plan.rows, logits, strict=True):
             slot, seq = row.slot, row.slot.seq
             assert seq is not None
             if row.n_logits == 0:
@@ -146,7 +116,6 @@ class Scheduler:
             slot.state = SlotState.GENERATING
             n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
             n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
-            rows = logits[row.first_logit : row.first_logit + row.n_logits]
             row.n_accepted, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists, n_ctx_left)
             n_kept = n_fed + row.n_accepted
             if n_kept < len(row.token_ids):  # rejected drafts leave the KV

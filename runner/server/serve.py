@@ -13,12 +13,8 @@ SWITCH_INTERVAL_S = 0.0005
 DEFAULT_STREAM_INTERVAL_MS = 20.0
 
 
-def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
-    from runner.catalog import Catalog
-
-    p = add("serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API")
-    default = Catalog.load().default
-    p.add_argument("model", nargs="?", default=default, help=f"a .gguf path or a catalog name (default: {default})")
+def add_serve_flags(p: argparse.ArgumentParser) -> None:
+    """`runner serve`'s own flags and the engine's (the model argument and --quiet are the CLI's)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
@@ -27,7 +23,6 @@ def add_serve_command(add: Callable[..., argparse.ArgumentParser]) -> None:
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
                         "and last token at once; 0: every token as it is sampled, which costs the engine a "
                         f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
-    p.add_argument("-q", "--quiet", action="store_true", help="less output on stderr")
     add_flags(p, EngineOptions)
 
 
@@ -45,9 +40,9 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     """Serve until Ctrl-C or SIGTERM; on_ready(url) runs once the port is bound."""
     import uvicorn
 
-    from runner.engine_thread import EngineThread
     from runner.loaded_model import LoadedModel
     from runner.server.app import ServerState, create_app
+    from runner.server.engine_thread import EngineThread
 
     # NOTE: the engine thread must get the GIL back the moment llama_decode returns; the default 5 ms
     # switch interval lets the HTTP thread hold it that long and leaves the cores idle meanwhile.

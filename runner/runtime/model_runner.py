@@ -6,17 +6,32 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from runner.llama import Batch, Context, ContextShape, Model, in_scratch_thread
-from runner.micro_batches import Padding, Row as MicroRow, pad
-from runner.scheduler import BatchRow
+from runner.runtime.llama import Batch, Context, ContextShape, Model, in_scratch_thread
+from runner.runtime.micro_batches import Padding, pad
+from runner.runtime.micro_batches import Row as MicroRow
 
 TRACE_BUFFER_BYTES = 1 << 16
 TRACE_FLUSH_S = 0.05  # the trace reaches its file at least this often while the runner decodes
 TRACE_ENV = "RUNNER_BATCH_TRACE"  # a path: record every batch's shape and KV edit (bench/parallel.py replays it)
+
+
+class DecodeRow(Protocol):
+    """One sequence's run of tokens in a batch; the last n_logits of them output logits."""
+
+    @property
+    def seq_id(self) -> int: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def first_pos(self) -> int: ...
+    @property
+    def n_logits(self) -> int: ...
 
 
 class ModelRunner:
@@ -33,50 +48,56 @@ class ModelRunner:
         self._trace_flushed_s = 0.0
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
 
-    def decode(self, rows: list[BatchRow]) -> np.ndarray:
-        """Put every row into one batch, run one llama_decode, return the logits rows (a view).
+    def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
+        """Put every row into one batch, run one llama_decode; returns each row's logits rows
+        (views, n_logits of them, in the order the rows were given).
 
         Rows go in slot order (consecutive slots share llama.cpp's micro-batches); where the
         kernels are not batch-invariant, micro-batches are padded (see micro_batches)."""
-        rows = sorted(rows, key=lambda r: r.slot.id)
-        padding = self._padding(rows) if self.pads_batches else None
+        order = sorted(range(len(rows)), key=lambda i: rows[i].seq_id)
+        in_slot_order = [rows[i] for i in order]
+        padding = self._padding(in_slot_order) if self.pads_batches else None
         batch = self._batch
         batch.clear()
-        starts, junk_rows = [], []
-        for i, row in enumerate(rows):
+        starts, firsts, junk_rows = [], [], []
+        for i, row in enumerate(in_slot_order):
             starts.append(batch.n_tokens)
-            row.first_logit = batch.add(row.slot.id, row.token_ids, row.first_pos, row.n_logits)
+            firsts.append(batch.add(row.seq_id, row.token_ids, row.first_pos, row.n_logits))
             if padding and padding.junk[i]:
                 first_junk = row.first_pos + len(row.token_ids)
-                batch.add(row.slot.id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
-                junk_rows.append((row.slot.id, first_junk))
+                batch.add(row.seq_id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
+                junk_rows.append((row.seq_id, first_junk))
         if padding and any(padding.extra_logits):  # extra logits rows shift the rows after them
             for start, offsets in zip(starts, padding.extra_logits):
                 for offset in offsets:
                     batch.set_logits(start + offset)
             out_rows = batch.output_rows()
-            for row, start in zip(rows, starts):
-                row.first_logit = int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
+            firsts = [int(out_rows[start + len(row.token_ids) - row.n_logits]) if row.n_logits else -1
+                      for row, start in zip(in_slot_order, starts)]
         if self._trace:
-            self._record(["decode", self._traced_rows(rows, padding)])
+            self._record(["decode", self._traced_rows(in_slot_order, padding)])
         logits = self.context.decode(batch)
         for seq_id, first_junk in junk_rows:
             self.kv_remove(seq_id, first_junk, -1)
-        return logits
+        out: list[np.ndarray] = [logits[:0]] * len(rows)
+        for i, row, first in zip(order, in_slot_order, firsts):
+            if row.n_logits:
+                out[i] = logits[first : first + row.n_logits]
+        return out
 
-    def _padding(self, rows: list[BatchRow]) -> Padding | None:
+    def _padding(self, rows: list[DecodeRow]) -> Padding | None:
         shape = self.context.shape
-        spec = [MicroRow(r.slot.id, len(r.token_ids), r.n_logits) for r in rows]
+        spec = [MicroRow(r.seq_id, len(r.token_ids), r.n_logits) for r in rows]
         room = [shape.n_ctx_per_seq - r.first_pos - len(r.token_ids) for r in rows]
         spare = shape.n_batch_max - sum(len(r.token_ids) for r in rows)
         padding = pad(spec, shape.n_ubatch, room, max_junk=spare)
         return None if padding.is_empty else padding
 
     @staticmethod
-    def _traced_rows(rows: list[BatchRow], padding: Padding | None) -> list[list]:
+    def _traced_rows(rows: list[DecodeRow], padding: Padding | None) -> list[list]:
         """[seq, tokens (junk included), first_pos, offsets of the tokens that output logits] per row.
 
-        Built from the rows' own lists: numpy conversions here cost the server ~40 us a step."""
+        Built from the rows' own lists: numpy conversions here were a visible cost per step."""
         traced = []
         for i, row in enumerate(rows):
             n = len(row.token_ids)
@@ -84,7 +105,7 @@ class ModelRunner:
             if padding:
                 tokens = tokens + [tokens[-1]] * padding.junk[i]
                 offsets = sorted(set(offsets).union(padding.extra_logits[i]))
-            traced.append([row.slot.id, tokens, row.first_pos, offsets])
+            traced.append([row.seq_id, tokens, row.first_pos, offsets])
         return traced
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
@@ -101,8 +122,8 @@ class ModelRunner:
     def _record(self, op: list) -> None:
         """Keep one op; they reach the file (a JSON line each) at least every TRACE_FLUSH_S.
 
-        NOTE: serialized at flush time, not per op: per-step JSON and write syscalls were charged
-        to the server in bench/parallel.py's ours/ceiling (py-spy: 2.7% of the engine thread)."""
+        NOTE: serialized at flush time, not per op: per-step JSON and write syscalls would be
+        charged to the server in bench/parallel.py's ours/ceiling."""
         assert self._trace is not None
         self._trace_ops.append(op)
         now = time.perf_counter()

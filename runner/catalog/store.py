@@ -8,8 +8,8 @@ from pathlib import Path
 
 import platformdirs
 
-from runner.bundle import embedded_model
-from runner.catalog import Catalog, ModelRef
+from runner.catalog.catalog import Catalog, ModelRef
+from runner.catalog.embedded import embedded_model
 from runner.errors import CatalogError, ModelFileError
 
 CACHE_ENV = "RUNNER_CACHE_DIR"
@@ -69,7 +69,7 @@ class ModelStore:
         if not path.exists():
             if not pull_missing:
                 raise CatalogError(f"'{ref.name}' is not in the cache; run `runner pull {ref.name}`")
-            from runner.pull import pull
+            from runner.catalog.pull import pull
 
             pull(ref, self)
         return path, ref

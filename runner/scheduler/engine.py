@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from runner.request import EventSink, GenerationRequest
-from runner.scheduler import BatchRow, Scheduler
-from runner.sequence import Sequence
-from runner.slots import SlotState
-from runner.speculator import Speculator
+from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.request import EventSink, GenerationRequest
+from runner.scheduler.scheduler import Scheduler
+from runner.scheduler.sequence import Sequence
+from runner.scheduler.slots import SlotState
 
 
 class Runtime(Protocol):
-    def decode(self, rows: list[BatchRow]) -> np.ndarray: ...
+    def decode(self, rows: list[BatchRow]) -> list[np.ndarray]: ...  # each row's logits rows, in row order
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+
+
+class Speculation(Protocol):
+    """What the step loop asks of speculative decoding (speculation.speculator.Speculator)."""
+
+    def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None: ...
+    def learn(self, plan: BatchPlan, step_s: float) -> None: ...
+    def on_copy(self, src_slot: int, dst_slot: int) -> None: ...
 
 
 class Vocab(Protocol):
@@ -38,8 +47,9 @@ class EngineStats:
 
 class Engine:
     def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab,
-                 speculator: Speculator | None = None) -> None:
+                 speculator: Speculation | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.runtime = runtime
+        self.clock = clock  # seconds; tests inject one so that nothing depends on the machine's speed
         self.scheduler = scheduler
         self.vocab = vocab
         self.speculator = speculator
@@ -62,25 +72,25 @@ class Engine:
 
     def step(self) -> int:
         """Run one engine step; returns the number of tokens decoded."""
-        step_started = time.perf_counter()
+        step_started = self.clock()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return 0
         if self.speculator is not None:
             self.speculator.draft(plan, self.scheduler.n_batch, self.scheduler.n_ctx_per_slot)
-        started = time.perf_counter()
+        started = self.clock()
         try:
             logits = self.runtime.decode(plan.rows)
         except RuntimeError as exc:
             self.scheduler.fail(plan, str(exc))
             return 0
-        self.stats.decode_s += time.perf_counter() - started
+        self.stats.decode_s += self.clock() - started
         self.stats.n_steps += 1
         self._count(plan.rows)
         self.scheduler.postprocess(plan, logits)
         self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
         if self.speculator is not None:
-            self.speculator.learn(plan, time.perf_counter() - step_started)
+            self.speculator.learn(plan, self.clock() - step_started)
         return plan.n_tokens
 
     def _count(self, rows: list[BatchRow]) -> None:

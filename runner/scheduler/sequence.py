@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runner.detokenizer import Detokenizer
-from runner.request import EventSink, FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
 from runner.sampling import Distribution, Sampler, top_logprobs
-from runner.verification import verify
+from runner.scheduler.detokenizer import Detokenizer
+from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
+from runner.scheduler.verification import verify
 
 
 class Sequence:

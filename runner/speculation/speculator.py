@@ -10,19 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.drafter import DraftJob, Drafter
-from runner.scheduler import BatchPlan, BatchRow
-from runner.slots import SlotState
-from runner.micro_batches import Row
-from runner.step_costs import StepCosts
+from runner.runtime.micro_batches import Row
+from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.slots import SlotState
+from runner.speculation.auto_policy import (
+    PROBE_MAX_EXTRA,
+    AutoDecision,
+    Backoff,
+    Ks,
+    ProbeBudget,
+    UnpricedTime,
+    best_uniform_k,
+    expected_tokens,
+)
+from runner.speculation.cost_model import StepCosts
+from runner.speculation.drafter import Drafter, DraftJob
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
-EXPLORE_SHARE = 0.01  # auto, free drafters: at most this share of step time goes to probing when nothing drafts
-PROBE_MAX_EXTRA = 0.5  # ... and only with probes adding at most this share to their step (no extra graph runs)
-DECIDE_EVERY = 4  # auto: after drafts were priced and lost, the same rows decide again this many steps later
-UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in the running mean of time the step costs leave out
 
 
 class SpecMode(str, Enum):
@@ -77,18 +83,14 @@ class Speculator:
         self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
-        self._explore_credit = 0.0  # seconds of step time probes may still spend
-        # Seconds a decode step takes beyond its priced llama_decode calls: the engine's own Python
-        # (sampling, streaming, drafting bookkeeping) and a KV longer than calibration's. Paid once
-        # per step, so drafts that make fewer, longer steps save it: at one client (F16 target,
-        # Q8_0 draft) plain steps ran 14.2 ms priced at 12.1, and drafting measured 1.37x off
-        # where the costs alone predicted 1.16x and a backlog that would not pay back.
-        self.unpriced_s = 0.0
-        self._n_unpriced = 0  # decode-only steps seen
+        self.probe_budget = ProbeBudget()
+        self.unpriced = UnpricedTime()
+        self.backoff = Backoff()
         self._priced_s: float | None = None  # the current step's priced time (None: not a decode-only step)
-        self._n_rest = 0  # steps left that skip auto's decision (see _rests)
-        self._rest_key: tuple = ()
-        self._plain_s = 0.0  # the last priced plain step
+
+    @property
+    def unpriced_s(self) -> float:
+        return self.unpriced.mean_s
 
     @property
     def n_proposed(self) -> int:
@@ -115,7 +117,10 @@ class Speculator:
             cap = min(self.k_max, seq.n_tokens_left - 1, n_ctx_per_slot - row.slot.n_cached - 2)
             caps[row.slot.id] = max(0, cap)
             spec.k = 0
-        if not rows or room <= 0 or self._rests(plan):
+        if not rows or room <= 0:
+            return
+        if self.mode is SpecMode.AUTO and self.costs is not None and self.backoff.take_rest(self._rows_key(plan)):
+            self.probe_budget.earn(self.probe_budget.last_plain_s)
             return
         if self.drafter.is_free:  # propose everything, then keep what pays
             jobs = self._jobs(rows, caps)
@@ -138,12 +143,7 @@ class Speculator:
         """After verification: record acceptance by position for the request and the drafter, and
         how much longer than priced the step took (step_s: its wall time)."""
         if self._priced_s is not None:
-            # NOTE: never below zero: calibration keeps each shape's fastest time, and a faster step
-            # (a fake runtime in tests) would otherwise make every step look free
-            unpriced = max(0.0, step_s - self._priced_s)
-            weight = UNPRICED_WEIGHT if self._n_unpriced else 1.0  # the first step sets it
-            self.unpriced_s += weight * (unpriced - self.unpriced_s)
-            self._n_unpriced += 1
+            self.unpriced.observe(step_s, self._priced_s)
             self._priced_s = None
         for row in plan.rows:
             spec = self.slots[row.slot.id]
@@ -169,21 +169,7 @@ class Speculator:
     def _rows_key(plan: BatchPlan) -> tuple:
         return tuple((r.slot.id, r.slot.seq.request_id if r.slot.seq else None) for r in plan.rows)
 
-    def _rests(self, plan: BatchPlan) -> bool:
-        """Skip this step's decision (and the proposing): auto priced drafts for these same rows
-        within the last DECIDE_EVERY steps and they lost. Nothing it decided on has changed since
-        (no draft was verified, so no acceptance moved) but which slots happen to have n-gram
-        matches; deciding every step cost 1-2% of decode time at 8 slots (free chat, F16 target)."""
-        if self._n_rest == 0:
-            return False
-        if self._rows_key(plan) != self._rest_key:
-            self._n_rest = 0
-            return False
-        self._n_rest -= 1
-        self._explore_credit = min(self._explore_credit + EXPLORE_SHARE * self._plain_s, self._plain_s)
-        return True
-
-    def _jobs(self, rows: list[BatchRow], ks: dict[int, int]) -> list[DraftJob]:
+    def _jobs(self, rows: list[BatchRow], ks: Ks) -> list[DraftJob]:
         jobs = []
         for row in rows:
             seq = row.slot.seq
@@ -192,23 +178,30 @@ class Speculator:
             jobs.append(DraftJob(row.slot.id, context, ks[row.slot.id], seq.request.sampling, seq.request_id))
         return jobs
 
-    def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
+    def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int) -> Ks:
         if self.mode is SpecMode.ON or self.costs is None:
             ks, left = {}, room
             for r in rows:
                 ks[r.slot.id] = min(caps[r.slot.id], left)
                 left -= ks[r.slot.id]
             return ks
-        return self._choose_auto(plan, rows, caps, room)
+        decision = self._decide_auto(plan, rows, caps, room)
+        self._apply(decision, plan)
+        return decision.ks
 
-    def _choose_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: dict[int, int], room: int) -> dict[int, int]:
-        """The ks with the most expected tokens per second of step time, among the same k for
-        every slot (equal rows keep the batch in one micro-batch)."""
-        costs = self.costs
-        assert costs is not None
+    def _apply(self, decision: AutoDecision, plan: BatchPlan) -> None:
+        """Auto's state learns from its decision: the probe budget, the step to compare, a rest."""
+        if decision.plain_s is not None:
+            self.probe_budget.earn(decision.plain_s, decision.probe_extra_s)
+            if decision.is_probe:
+                self.probe_budget.pay(decision.probe_extra_s)
+        self._priced_s = decision.priced_s
+        if decision.is_lost:
+            self.backoff.start(self._rows_key(plan))
+
+    def _gains(self, rows: list[BatchRow], caps: Ks) -> dict[int, list[float]]:
+        """Per slot, the marginal expected tokens of each further draft position (a decreasing product)."""
         prior = self.overall.overall if self.n_proposed >= 8 else self.prior_accept
-        order = [r.slot.id for r in rows]
-        # marginal expected tokens of each further draft position, per slot (a decreasing product)
         gains: dict[int, list[float]] = {}
         for r in rows:
             acc, p, g = self.slots[r.slot.id].acceptance, 1.0, []
@@ -216,6 +209,16 @@ class Speculator:
                 p *= acc.rate(pos, prior)
                 g.append(p)
             gains[r.slot.id] = g
+        return gains
+
+    def _decide_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int) -> AutoDecision:
+        """The ks with the most expected tokens per second of step time (best_uniform_k), a probe
+        when none pays and the budget allows, or none where a draft model's backlog would not pay
+        back. Reads the speculator's state; writes none of it (_apply does)."""
+        costs = self.costs
+        assert costs is not None
+        gains = self._gains(rows, caps)
+        order = list(gains)
         drafting = {id(r) for r in rows}
         other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
         catch_up = backlog = None
@@ -228,63 +231,41 @@ class Speculator:
                        for r in rows}
             catch_up = {sid: min(STEADY_CATCH_UP, n) for sid, n in backlog.items()}
 
-        def step_s(ks: dict[int, int]) -> float:
+        def step_s(ks: Ks) -> float:
             return self.unpriced_s + costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order],
                                                   ks, catch_up)
 
-        def expected(ks: dict[int, int]) -> float:  # tokens a step yields: each slot's own plus accepted drafts
-            return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in order)
-
-        # NOTE: only uniform ks (capped by what each slot's drafter found) are tried. Unequal rows
-        # split the batch into more graph runs, which on a CPU costs more than fitting k per slot
-        # gains; a per-slot search also cost milliseconds per step at 8 slots.
-        best = last = {sid: 0 for sid in order}
-        best_rate = expected(best) / step_s(best)
-        most_tokens = sum(1.0 + sum(g) for g in gains.values())  # every draft of every slot accepted
-        for k in range(1, self.k_max + 1):
-            trial = {sid: min(k, len(gains[sid])) for sid in order}
-            if trial == last or sum(trial.values()) > room:
-                break  # no slot has more drafts to offer, or no room for them
-            last = trial
-            trial_s = step_s(trial)
-            if (r := expected(trial) / trial_s) > best_rate:
-                best, best_rate = trial, r
-            elif most_tokens / trial_s <= best_rate:
-                break  # deeper drafts cost at least this much, and cannot bring more than most_tokens
-        if backlog is not None and any(best.values()) and not self._backlog_pays(rows, best, expected(best), backlog,
-                                                                                  catch_up):
+        best = best_uniform_k(gains, step_s, room, self.k_max)
+        if backlog is not None and any(best.values()) and not self._backlog_pays(
+                rows, best, expected_tokens(gains, best), backlog, catch_up):
             best = {sid: 0 for sid in order}
+        plain_s = probe_extra_s = None
+        is_probe = False
         if self.drafter.is_free and not any(best.values()):
             # keep learning while drafting looks unprofitable: every slot with a draft probes one
-            # token, paid from a budget of EXPLORE_SHARE of the step time. Only probes that add
-            # at most PROBE_MAX_EXTRA to their step: ones that split the batch into extra graph
-            # runs measured dearer than priced (8 clients, free chat: 0.94x off at a 3% budget).
-            plain_s = self._plain_s = step_s(best)
+            # token, paid from the probe budget. Only probes that add at most PROBE_MAX_EXTRA to
+            # their step: ones that split the batch into extra graph runs measured dearer than priced.
+            plain_s = step_s(best)
             probe = {sid: min(1, len(gains[sid])) for sid in order}
-            extra = step_s(probe) - plain_s
-            can_probe = (any(probe.values()) and extra <= PROBE_MAX_EXTRA * plain_s
+            probe_extra_s = step_s(probe) - plain_s
+            can_probe = (any(probe.values()) and probe_extra_s <= PROBE_MAX_EXTRA * plain_s
                          and sum(probe.values()) <= room)
-            # saved up to one probe at most: no bursts after a stretch without drafts
-            self._explore_credit = min(self._explore_credit + EXPLORE_SHARE * plain_s, max(extra, plain_s))
-            if can_probe and self._explore_credit >= extra:
-                self._explore_credit -= extra
-                best = probe
+            if can_probe and self.probe_budget.credit_after(plain_s, probe_extra_s) >= probe_extra_s:
+                best, is_probe = probe, True
+        priced_s, is_lost = None, False
         if all(r.slot.state is SlotState.GENERATING for r in plan.rows):  # decode only: learn what it takes beyond
             # the catch-up of drafting slots only: an idle draft model's backlog grows every step,
             # and in the memo key it made every such step a miss
             read = {sid: backlog[sid] for sid in order if best[sid]} if backlog is not None else None
-            self._priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order],
-                                          best, read)
-            if any(gains.values()) and not any(best.values()):  # drafts on offer, priced out (and no probe)
-                self._n_rest, self._rest_key = DECIDE_EVERY - 1, self._rows_key(plan)
-        return best
+            priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order], best, read)
+            is_lost = any(gains.values()) and not any(best.values())  # drafts on offer, priced out (and no probe)
+        return AutoDecision(best, plain_s, probe_extra_s or 0.0, is_probe, priced_s, is_lost)
 
-    def _backlog_pays(self, rows: list[BatchRow], ks: dict[int, int], expected: float,
-                      backlog: dict[int, int], steady: dict[int, int]) -> bool:
+    def _backlog_pays(self, rows: list[BatchRow], ks: Ks, expected: float, backlog: Ks, steady: Ks) -> bool:
         """Does drafting at these ks save more over the requests' remaining tokens than the draft
         model's one-off read of its backlog costs? Rates are taken for steady decode steps (one
         token and its drafts per slot): a step that also carries a long prefill makes drafts look
-        nearly free, and starting there once cost 2.3 s of catch-up for 6 slots (0.7x off)."""
+        nearly free, and starting there makes every drafting slot read its whole backlog at once."""
         costs = self.costs
         assert costs is not None
         if all(backlog[sid] <= steady[sid] for sid, k in ks.items() if k):

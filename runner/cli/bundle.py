@@ -13,11 +13,12 @@ import subprocess
 import sys
 import threading
 import webbrowser
+from collections.abc import Callable
 from pathlib import Path
 
+from runner.catalog.embedded import embedded_model, is_frozen
 from runner.errors import RunnerError
 
-EMBEDDED_DIR = "models"
 SPEC = "build_exe.spec"
 CPU_FEATURES_FILE = "cpu_features.txt"  # written at build time: the x86 features llama.cpp was compiled for
 # llama.cpp's feature names -> the flag /proc/cpuinfo shows for it
@@ -65,18 +66,6 @@ def check_cpu() -> None:
         )
 
 
-def is_frozen() -> bool:
-    return bool(getattr(sys, "frozen", False)) and hasattr(sys, "_MEIPASS")
-
-
-def embedded_model() -> Path | None:
-    """The GGUF carried inside the executable (None when running from Python)."""
-    if not is_frozen():
-        return None
-    found = sorted((Path(sys._MEIPASS) / EMBEDDED_DIR).glob("*.gguf"))  # type: ignore[attr-defined]
-    return found[0] if found else None
-
-
 def _browser_env() -> dict[str, str]:
     """The environment the user had: the bootloader points LD_LIBRARY_PATH at our bundled libraries."""
     env = dict(os.environ)
@@ -106,29 +95,28 @@ def open_browser(url: str) -> None:
     threading.Thread(target=launch, daemon=True).start()
 
 
-def double_click() -> int:
-    """No arguments: serve the embedded model on a free localhost port and open the chat page."""
-    from runner.cli import build_parser
-
+def double_click(parse_args: Callable[[list[str]], argparse.Namespace]) -> int:
+    """No arguments: serve the embedded model on a free localhost port and open the chat page
+    (parse_args: the `runner` command line's parser)."""
     model = embedded_model()
     if model is None:
         raise RunnerError("this executable carries no model; run it with a command, e.g. `runner chat model.gguf`")
-    from runner.catalog import Catalog
-    from runner.server.cli import cmd_serve
+    from runner.catalog.catalog import Catalog
+    from runner.server.serve import cmd_serve
 
     catalog = Catalog.load()
     name = next((n for n in catalog.names() if catalog.resolve(n).file == model.name), str(model))
-    args = build_parser().parse_args(["serve", name, "--port", "0"])
+    args = parse_args(["serve", name, "--port", "0"])
     return cmd_serve(args, on_ready=None if os.environ.get("RUNNER_NO_BROWSER") else open_browser)
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     """`runner bundle MODEL.gguf -o NAME`: a one-file executable carrying another model."""
-    from runner.gguf_file import read_gguf
+    from runner.runtime.gguf_file import read_gguf
 
     model = Path(args.model).expanduser().resolve()
     read_gguf(model)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     spec = repo / SPEC
     if not spec.exists():
         raise RunnerError(f"{SPEC} is not next to the runner package ({repo}); bundle from a source checkout")

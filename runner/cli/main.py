@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import __version__
-from runner.catalog import Catalog
+from runner.catalog.catalog import Catalog
 from runner.errors import RunnerError
 from runner.options import EngineOptions, add_flags, from_args
 from runner.sampling import SamplingParams
@@ -19,8 +19,11 @@ def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=default, help=f"a .gguf path or a catalog name (default: {default})")
 
 
+def _quiet_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
+
+
 def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
-    p.add_argument("--max-tokens", type=int, default=512, help="most tokens in a reply (default: 512)")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_flags(p, SamplingParams)
@@ -40,8 +43,8 @@ def _open_runner(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.chat_repl import Conversation, stream_reply
     from runner.chat_template import Message
+    from runner.cli.chat import Conversation, stream_reply
 
     prompt = args.prompt
     if prompt is None:
@@ -50,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     with _open_runner(args) as runner:
         if args.raw:
-            for event in runner.stream(runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
+            for event in runner.stream(runner.scheduler.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             stats = None
@@ -64,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from runner.chat_repl import run_piped, run_repl
+    from runner.cli.chat import run_piped, run_repl
 
     with _open_runner(args) as runner:
         if sys.stdin.isatty():
@@ -73,17 +76,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from runner.pull import pull
-    from runner.store import ModelStore
+    from runner.catalog.pull import pull
+    from runner.catalog.store import ModelStore
 
     store = ModelStore()
-    path = pull(store.catalog.resolve(args.name), store)
-    print(f"{args.name}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    ref = store.catalog.resolve(args.name)
+    was_cached = store.path_of(ref).exists()
+    path = pull(ref, store, verbose=args.verbose)
+    verb = "already cached:" if was_cached else "pulled"
+    print(f"{verb} {ref.name} ({path.stat().st_size / 1e6:.0f} MB) → {path}")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from runner.store import ModelStore
+    from runner.catalog.store import ModelStore
 
     store = ModelStore()
     cached = store.cached()
@@ -104,7 +110,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from runner.store import ModelStore
+    from runner.catalog.store import ModelStore
 
     path = ModelStore().remove(args.name)
     print(f"removed {path}")
@@ -112,8 +118,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from runner.gguf_file import read_gguf
-    from runner.store import ModelStore
+    from runner.catalog.store import ModelStore
+    from runner.runtime.gguf_file import read_gguf
 
     path, ref = ModelStore().resolve(args.model, pull_missing=False)
     info = read_gguf(path)
@@ -155,16 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
     p.add_argument("--stats", action="store_true", help="print tokens, tok/s and time to first token on stderr")
-    p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
+    _quiet_flag(p)
     _generation_flags(p, parallel=1)
 
     p = add("chat", cmd_chat, "chat in the terminal (piped stdin: one reply)")
     _model_arg(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
+    _quiet_flag(p)
     _generation_flags(p, parallel=1)
 
     p = add("pull", cmd_pull, "download a catalog model (or derive a quant variant) into the cache")
     p.add_argument("name")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pip's own output while downloading")
     p = add("list", cmd_list, "list cached models and their sizes")
     p.add_argument("--all", action="store_true", help="list the whole catalog")
     p = add("rm", cmd_rm, "remove a cached model")
@@ -172,10 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("info", cmd_info, "describe a model: architecture, parameters, quantization, vocabulary")
     p.add_argument("model")
 
-    from runner.server.cli import add_serve_command
+    from runner.server.serve import add_serve_flags, cmd_serve
 
-    add_serve_command(add)
-    from runner.bundle import cmd_bundle
+    p = add("serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API")
+    _model_arg(p)
+    _quiet_flag(p)
+    add_serve_flags(p)
+    from runner.cli.bundle import cmd_bundle
 
     p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")
     p.add_argument("model", help="the .gguf to embed")
@@ -184,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from runner.bundle import check_cpu, double_click, is_frozen
+    from runner.catalog.embedded import is_frozen
+    from runner.cli.bundle import check_cpu, double_click
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -195,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_cpu()
         if not getattr(args, "fn", None):  # the executable, double-clicked: serve and open the chat page
-            return double_click()
+            return double_click(parser.parse_args)
         return args.fn(args)
     except RunnerError as exc:
         print(f"runner: error: {exc}", file=sys.stderr)

@@ -60,7 +60,7 @@ class Catalog:
     @classmethod
     def load(cls, text: str | None = None) -> Catalog:
         if text is None:
-            text = resources.files("runner").joinpath("models.toml").read_text(encoding="utf-8")
+            text = resources.files("runner.catalog").joinpath("models.toml").read_text(encoding="utf-8")
         data = tomllib.loads(text)
         entries = {name: _entry(name, raw) for name, raw in data.get("models", {}).items()}
         return cls(entries, data.get("default", ""))

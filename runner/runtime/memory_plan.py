@@ -6,10 +6,9 @@ import os
 from dataclasses import dataclass
 
 from runner.errors import MemoryPlanError
-from runner.gguf_file import GgufInfo
-from runner.options import EngineOptions
+from runner.options import KV_BYTES_PER_VALUE, N_UBATCH_MAX, EngineOptions
+from runner.runtime.gguf_file import GgufInfo
 
-KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # ggml block sizes
 _MIB = 1 << 20
 
 
@@ -42,7 +41,7 @@ class MemoryPlan:
         head_v = int(info.arch_value("attention.value_length", n_embd // n_head))
         kv_per_token = n_layer * n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type]
         n_ff = int(info.arch_value("feed_forward_length", 4 * n_embd))
-        n_ubatch = min(options.batch_size, 512)
+        n_ubatch = min(options.batch_size, N_UBATCH_MAX)
         # logits for every output row + activations of one micro-batch (a generous estimate)
         compute = info.n_vocab * 4 * (options.parallel + n_ubatch) + n_ubatch * (n_embd + n_ff) * 4 * 8 + 32 * _MIB
         return cls(

@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters, the auto policy and the cost model it prices steps with."""

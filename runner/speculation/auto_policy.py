@@ -1,0 +1,123 @@
+"""`--spec auto`'s pieces: a pure choice of k, and one small object per piece of state it keeps.
+
+The speculator computes a decision from these (reading, never writing) and then applies it:
+the probe budget earns or pays, the unpriced-time mean learns after the step, the back-off
+starts a rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+EXPLORE_SHARE = 0.01  # free drafters: at most this share of step time goes to probing when nothing drafts
+PROBE_MAX_EXTRA = 0.5  # ... and only with probes adding at most this share to their step (no extra graph runs)
+DECIDE_EVERY = 4  # after drafts were priced and lost, the same rows decide again this many steps later
+UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in the running mean of time the step costs leave out
+
+Ks = dict[int, int]  # slot id -> drafts for this step
+
+
+def expected_tokens(gains: dict[int, list[float]], ks: Ks) -> float:
+    """Tokens a step yields: each slot's own, plus its drafts' chances of being accepted.
+
+    gains[slot][i]: the probability that draft i+1 and all before it are accepted."""
+    return sum(1.0 + sum(gains[sid][: ks[sid]]) for sid in gains)
+
+
+def best_uniform_k(gains: dict[int, list[float]], price_s: Callable[[Ks], float], room: int, k_max: int) -> Ks:
+    """The same k for every slot (capped by the drafts each slot has on offer, and by `room`
+    tokens in the batch) with the most expected tokens per second of step time.
+
+    NOTE: only uniform ks are tried. Unequal rows split the batch into more graph runs, which on
+    a CPU costs more than fitting k per slot gains; a per-slot search also cost milliseconds per
+    step at 8 slots. Costs only grow with k, so the search stops once even every draft accepted
+    could not beat the best rate."""
+    best = last = {sid: 0 for sid in gains}
+    best_rate = expected_tokens(gains, best) / price_s(best)
+    most_tokens = sum(1.0 + sum(g) for g in gains.values())
+    for k in range(1, k_max + 1):
+        trial = {sid: min(k, len(g)) for sid, g in gains.items()}
+        if trial == last or sum(trial.values()) > room:
+            break  # no slot has more drafts to offer, or no room for them
+        last = trial
+        trial_s = price_s(trial)
+        if (rate := expected_tokens(gains, trial) / trial_s) > best_rate:
+            best, best_rate = trial, rate
+        elif most_tokens / trial_s <= best_rate:
+            break
+    return best
+
+
+@dataclass
+class ProbeBudget:
+    """Step time that probes (one draft per slot while drafting looks unprofitable) may spend:
+    EXPLORE_SHARE of each plain step, saved up to one probe at most (no bursts after a stretch
+    without drafts)."""
+
+    credit_s: float = 0.0
+    last_plain_s: float = 0.0  # the last priced plain step (a resting step earns as much)
+
+    def credit_after(self, plain_s: float, probe_extra_s: float) -> float:
+        return min(self.credit_s + EXPLORE_SHARE * plain_s, max(probe_extra_s, plain_s))
+
+    def earn(self, plain_s: float, probe_extra_s: float = 0.0) -> None:
+        self.credit_s = self.credit_after(plain_s, probe_extra_s)
+        self.last_plain_s = plain_s
+
+    def pay(self, extra_s: float) -> None:
+        self.credit_s -= extra_s
+
+
+@dataclass
+class UnpricedTime:
+    """Running mean of how much longer than priced a decode-only step took: the engine's own
+    Python (sampling, streaming, drafting bookkeeping) and a KV longer than calibration's. Paid
+    once per step, so drafts that make fewer, longer steps save it."""
+
+    mean_s: float = 0.0
+    n_steps: int = 0
+
+    def observe(self, step_s: float, priced_s: float) -> None:
+        # NOTE: never below zero: calibration keeps each shape's fastest time, and a faster step
+        # (a fake runtime in tests) would otherwise make every step look free
+        unpriced = max(0.0, step_s - priced_s)
+        weight = UNPRICED_WEIGHT if self.n_steps else 1.0  # the first step sets it
+        self.mean_s += weight * (unpriced - self.mean_s)
+        self.n_steps += 1
+
+
+@dataclass
+class Backoff:
+    """After drafts were priced and lost, the same rows skip the next DECIDE_EVERY - 1 decisions.
+
+    Nothing a decision reads has changed meanwhile (no draft was verified, so no acceptance
+    moved) but which slots happen to have n-gram matches, and deciding costs Python every step."""
+
+    n_left: int = 0
+    rows_key: tuple = ()
+
+    def start(self, rows_key: tuple) -> None:
+        self.n_left, self.rows_key = DECIDE_EVERY - 1, rows_key
+
+    def take_rest(self, rows_key: tuple) -> bool:
+        """Does this step rest? (other rows than the ones that lost end the rest)"""
+        if self.n_left == 0:
+            return False
+        if rows_key != self.rows_key:
+            self.n_left = 0
+            return False
+        self.n_left -= 1
+        return True
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """What auto chose for one step, and what the speculator's state objects learn from it."""
+
+    ks: Ks
+    plain_s: float | None = None  # nothing paid and the drafter is free: the plain step the budget earns from
+    probe_extra_s: float = 0.0  # what a probe would add to that step
+    is_probe: bool = False  # the ks are a probe, paid from the budget
+    priced_s: float | None = None  # a decode-only step's priced time (UnpricedTime compares after the step)
+    is_lost: bool = False  # drafts were on offer and priced out (and no probe): rest

@@ -1,0 +1,45 @@
+"""The one place tests build engines: on the scripted fake runtime, or on a real tiny GGUF."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fake_runtime import FakeRuntime
+from runner.loaded_model import LoadedModel
+from runner.options import EngineOptions
+from runner.scheduler.engine import Engine, Speculation
+from runner.scheduler.request import GenerationRequest, StreamEvent
+from runner.scheduler.scheduler import Scheduler
+
+
+def fake_engine(n_slots: int = 1, n_ctx: int = 256, n_batch: int = 64, max_queue: int = 4,
+                speculator: Speculation | None = None, runtime: FakeRuntime | None = None,
+                clock: Callable[[], float] | None = None) -> tuple[Engine, FakeRuntime]:
+    """An engine on the fake runtime (next token = last + 1); `clock` replaces the wall clock."""
+    rt = runtime or FakeRuntime()
+    kwargs = {"clock": clock} if clock is not None else {}
+    return Engine(rt, Scheduler(n_slots, n_ctx, n_batch, max_queue, rt), rt, speculator, **kwargs), rt
+
+
+def load_tiny(path: Path, parallel: int = 1, **options: Any) -> LoadedModel:
+    """A real engine on a tiny GGUF: small context and batch unless the test says otherwise."""
+    opts = EngineOptions(**{"parallel": parallel, "ctx_size": 256, "batch_size": 128, "threads": 2, **options})
+    return LoadedModel(path, opts, log=lambda _: None)
+
+
+def submit_all(engine: Engine, requests: list[GenerationRequest]) -> list[list[StreamEvent]]:
+    """Submit every request, step until the engine is idle; each request's events."""
+    out: list[list[StreamEvent]] = []
+    for request in requests:
+        events: list[StreamEvent] = []
+        engine.submit(request, events.append)
+        out.append(events)
+    while engine.has_work:
+        engine.step()
+    return out
+
+
+def token_ids(events: list[StreamEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]

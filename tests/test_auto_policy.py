@@ -1,0 +1,74 @@
+"""auto's pieces on their own: the pure choice of k and each small state object."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.speculation.auto_policy import (DECIDE_EVERY, EXPLORE_SHARE, Backoff, ProbeBudget, UnpricedTime,
+                                            best_uniform_k, expected_tokens)
+
+
+def linear_price(per_token_s: float, fixed_s: float = 0.0):
+    return lambda ks: fixed_s + per_token_s * sum(1 + k for k in ks.values())
+
+
+def test_expected_tokens_counts_each_slot_once_plus_its_drafts_chances() -> None:
+    gains = {0: [0.9, 0.81], 1: [0.5]}
+    assert expected_tokens(gains, {0: 2, 1: 0}) == pytest.approx(2 + 0.9 + 0.81)
+
+
+def test_drafts_are_taken_when_verifying_costs_little() -> None:
+    gains = {0: [0.9, 0.8, 0.7, 0.6], 1: [0.9, 0.8]}
+    ks = best_uniform_k(gains, linear_price(0.0001, fixed_s=0.010), room=64, k_max=4)
+    assert ks == {0: 4, 1: 2}  # the same k for both, capped by what slot 1 has on offer
+
+
+def test_no_drafts_when_each_token_costs_a_whole_step() -> None:
+    gains = {0: [0.9, 0.8, 0.7, 0.6]}
+    assert best_uniform_k(gains, linear_price(0.010), room=64, k_max=4) == {0: 0}
+
+
+def test_the_batch_room_caps_k() -> None:
+    gains = {0: [1.0] * 4, 1: [1.0] * 4}
+    assert best_uniform_k(gains, linear_price(0.0001, fixed_s=0.010), room=5, k_max=4) == {0: 2, 1: 2}
+
+
+def test_the_search_stops_once_deeper_drafts_cannot_win() -> None:
+    priced = []
+
+    def price(ks: dict[int, int]) -> float:
+        priced.append(dict(ks))
+        return 0.010 * (1 + ks[0]) ** 2  # dearer and dearer
+
+    assert best_uniform_k({0: [0.5] * 8}, price, room=64, k_max=8) == {0: 0}
+    # k=2 costs 0.09 s: even all 8 drafts accepted (5 tokens) would not beat plain steps' 100 tokens/s
+    assert [p[0] for p in priced] == [0, 1, 2]
+
+
+def test_the_probe_budget_earns_a_share_and_saves_up_one_probe_at_most() -> None:
+    budget = ProbeBudget()
+    for _ in range(1000):
+        budget.earn(plain_s=0.010, probe_extra_s=0.004)
+    assert budget.credit_s == pytest.approx(0.010)  # capped at max(probe, plain step)
+    budget.pay(0.004)
+    assert budget.credit_s == pytest.approx(0.006)
+    assert ProbeBudget().credit_after(0.010, 0.004) == pytest.approx(EXPLORE_SHARE * 0.010)
+    assert budget.last_plain_s == 0.010
+
+
+def test_unpriced_time_starts_at_the_first_step_then_follows_a_running_mean() -> None:
+    unpriced = UnpricedTime()
+    unpriced.observe(step_s=0.015, priced_s=0.010)
+    assert unpriced.mean_s == pytest.approx(0.005)
+    unpriced.observe(step_s=0.009, priced_s=0.010)  # faster than priced counts as zero
+    assert unpriced.mean_s == pytest.approx(0.0045)
+
+
+def test_backoff_rests_the_same_rows_and_ends_for_others() -> None:
+    backoff = Backoff()
+    assert not backoff.take_rest(("a",))
+    backoff.start(("a",))
+    assert [backoff.take_rest(("a",)) for _ in range(DECIDE_EVERY)] == [True] * (DECIDE_EVERY - 1) + [False]
+    backoff.start(("a",))
+    assert not backoff.take_rest(("a", "b"))  # a new request: decide at once
+    assert not backoff.take_rest(("a",))  # and the rest is over

@@ -1,0 +1,32 @@
+"""The llama_cpp wrapper: where load-time decodes run."""
+
+from __future__ import annotations
+
+import threading
+
+from runner.runtime.llama import Batch, Context, ContextShape, Model, in_scratch_thread
+
+
+def test_a_thread_that_has_decoded_runs_load_time_decodes_itself(tiny_model: Model) -> None:
+    # a second team beside the one such a thread keeps would slow both (and skew calibration)
+    seen: dict[str, tuple[int, int]] = {}
+
+    def body() -> None:
+        me = threading.get_ident()
+        seen["before"] = (me, in_scratch_thread(threading.get_ident))
+        ctx = Context(tiny_model, ContextShape(n_seq=1, n_ctx_per_seq=16, n_batch=16, n_threads=2))
+        try:
+            batch = Batch(16)
+            batch.add(0, [1, 2], 0, 1)
+            ctx.decode(batch)
+        finally:
+            ctx.close()
+        seen["after"] = (me, in_scratch_thread(threading.get_ident))
+
+    thread = threading.Thread(target=body)  # a fresh thread: nothing decoded on it yet
+    thread.start()
+    thread.join()
+    me, ran_on = seen["before"]
+    assert ran_on != me  # no team yet: the work goes to a scratch thread
+    me, ran_on = seen["after"]
+    assert ran_on == me

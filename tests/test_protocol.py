@@ -1,0 +1,70 @@
+"""Request bodies parsed into plain objects, and every way one can be refused (no server needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runner.server.errors import ApiError
+from runner.server.protocol import check_model, parse_chat, parse_completion, parse_json
+
+MSG = [{"role": "user", "content": "Hi"}]
+
+BAD_CHAT = [
+    (b"{not json", 400, None, "invalid_json"),
+    (b"[1, 2]", 400, None, "invalid_json"),
+    ({}, 400, "messages", "missing_required_parameter"),
+    ({"messages": []}, 400, "messages", "empty_array"),
+    ({"messages": "hi"}, 400, "messages", "invalid_type"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "invalid_value"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", "invalid_type"),
+    ({"messages": MSG, "temperature": "hot"}, 400, "temperature", "invalid_type"),
+    ({"messages": MSG, "temperature": 7}, 400, "temperature", "invalid_value"),
+    ({"messages": MSG, "top_p": -0.5}, 400, "top_p", "invalid_value"),
+    ({"messages": MSG, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ({"messages": MSG, "max_tokens": True}, 400, "max_tokens", "invalid_type"),
+    ({"messages": MSG, "n": 2}, 400, "n", "unsupported_value"),
+    ({"messages": MSG, "stop": [1]}, 400, "stop", "invalid_type"),
+    ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
+    ({"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
+    ({"messages": MSG, "stream": "yes"}, 400, "stream", "invalid_type"),
+    ({"messages": MSG, "model": "gpt-4o"}, 404, "model", "model_not_found"),
+]
+
+
+
+
+@pytest.mark.parametrize(("body", "status", "param", "code"), BAD_CHAT)
+def test_bad_chat_input(body: object, status: int, param: str | None, code: str) -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(ApiError) as caught:
+        params = parse_chat(parse_json(raw))
+        check_model(params.common.model, ["smollm2", "my-model"])
+    err = caught.value
+    assert (err.status, err.param, err.code, err.type) == (status, param, code, "invalid_request_error")
+    assert err.message and set(err.body()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(("body", "param"), [({}, "prompt"), ({"prompt": 3}, "prompt"), ({"prompt": []}, "prompt"),
+                                             ({"prompt": "x", "logprobs": 9}, "logprobs")])
+def test_bad_completion_input(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_completion(body)
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+def test_a_good_chat_body_becomes_plain_params() -> None:
+    params = parse_chat({"messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                                      {"role": "user", "content": "Hi"}],
+                         "max_completion_tokens": 7, "stop": "x", "temperature": 0, "seed": -1, "logprobs": True,
+                         "stream": True, "stream_options": {"include_usage": True}})
+    assert [(m.role, m.content) for m in params.messages] == [("system", "be brief"), ("user", "Hi")]
+    c = params.common
+    assert (c.max_tokens, c.stop, c.stream, c.include_usage, c.n_top_logprobs) == (7, ("x",), True, True, 0)
+    assert c.sampling.temperature == 0.0 and c.sampling.seed == 2**64 - 1
+
+
+def test_a_completion_prompt_may_be_token_ids_or_one_string() -> None:
+    assert parse_completion({"prompt": [1, 2, 3]}).prompt == (1, 2, 3)
+    assert parse_completion({"prompt": ["once"]}).prompt == "once"

@@ -1,0 +1,178 @@
+"""The speculator's auto mode on the scripted fake runtime: which ks it takes, when it probes,
+rests and starts a draft model. Step times come from an injected clock where they matter."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines import fake_engine
+from fake_runtime import N_VOCAB, FakeRuntime
+from runner.sampling import SamplingParams
+from runner.scheduler.request import GenerationRequest
+from runner.speculation.auto_policy import DECIDE_EVERY, EXPLORE_SHARE
+from runner.speculation.cost_model import CostTable, ShapeCosts, StepCosts
+from runner.speculation.ngram_drafter import NgramDrafter
+from runner.speculation.speculator import SpecMode, Speculator
+
+
+class WrongDrafter:
+    """Always has a draft for every slot, never the right one (the fake model counts up): auto
+    alone decides whether to use it, and using it never pays."""
+
+    name, is_free = "wrong", True
+
+    def __init__(self) -> None:
+        self.n_calls = 0
+
+    def propose(self, jobs) -> None:
+        self.n_calls += 1
+        for job in jobs:
+            job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
+
+    def catch_up_len(self, slot_id, context_ids) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None:
+    def auto_ks(table: CostTable) -> list[int]:
+        rt = FakeRuntime()
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts({1: table})))
+        engine, _ = fake_engine(1, 256, 64, speculator=spec, runtime=rt)
+        # the fake model counts up, so a prompt that already counted up makes n-gram drafts that match
+        engine.submit(GenerationRequest("a", tuple(list(range(1, 30)) + list(range(1, 5))), SamplingParams(temperature=0),
+                                        20), lambda e: None)
+        ks = []
+        while engine.has_work:
+            engine.step()
+            ks.append(spec.slots[0].k)
+        return ks
+
+    flat = auto_ks(CostTable((1, 64), (0.010, 0.011)))  # verifying 5 tokens costs about one: draft all
+    assert max(flat) == 4
+    linear = auto_ks(CostTable((1, 64), (0.010, 0.640)))  # k tokens cost k times one: never pays
+    assert max(linear) <= 1 and sum(linear) <= 2  # at most the exploration probe
+
+
+def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
+    def run(two_tokens_s: float) -> tuple[int, int]:
+        rt = FakeRuntime()
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 64), (0.010, two_tokens_s, 0.640))}))
+        spec = Speculator(WrongDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine, _ = fake_engine(1, 1024, 64, speculator=spec, runtime=rt)
+        engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 600, ignore_eos=True),
+                      lambda e: None)
+        n_steps = 0
+        while engine.has_work:
+            engine.step()
+            n_steps += 1
+        return spec.n_runs, n_steps
+
+    probes, n_steps = run(0.014)  # a probe adds 40% to its step
+    assert probes >= 3  # it keeps checking whether drafting has started to pay
+    # within the budget, give or take one probe and the two drafts the prior makes before any record
+    assert probes * 0.004 <= EXPLORE_SHARE * n_steps * 0.010 + 3 * 0.004
+    assert run(0.040)[0] == 0  # a probe that costs 3 steps more: never
+
+
+def test_auto_decides_again_only_every_few_steps_once_drafts_lost() -> None:
+    """Once drafts were priced and lost, the same rows skip deciding (and proposing) for the next
+    DECIDE_EVERY - 1 steps; a change of rows (a new request) decides at once."""
+    rt, drafter = FakeRuntime(), WrongDrafter()
+    # k tokens cost k times one: drafts never pay, and probes (a whole step more) are never taken
+    spec = Speculator(drafter, SpecMode.AUTO, 4, 2, StepCosts(ShapeCosts({1: CostTable((1, 64), (0.010, 0.640))})))
+    engine, _ = fake_engine(2, 1024, 64, speculator=spec, runtime=rt)
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 40, ignore_eos=True),
+                  lambda e: None)
+    decided, n_steps = [], 0  # the steps that asked the drafter
+    while engine.has_work:
+        if n_steps == 20:
+            engine.submit(GenerationRequest("b", (4, 5), SamplingParams(temperature=0), 5, ignore_eos=True),
+                          lambda e: None)
+        n_calls = drafter.n_calls
+        engine.step()
+        if drafter.n_calls > n_calls:
+            decided.append(n_steps)
+        n_steps += 1
+    assert 20 in decided and 21 in decided  # request b's rows (its prefill, then its first token) decide at once
+    alone = [s for s in decided if s < 20]
+    assert alone == list(range(alone[0], 20, DECIDE_EVERY))  # one decision every DECIDE_EVERY steps
+
+
+def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
+    """A draft model's KV starts empty: the first draft reads the whole prompt. Worth it for a long
+    reply, not for a short one, even though drafting pays in steady state."""
+    class RightDrafter:  # guesses the fake model's next tokens; remembers how much it has read
+        name, is_free = "right", False
+
+        def __init__(self) -> None:
+            self.n_read = 0
+
+        def propose(self, jobs) -> None:
+            for job in jobs:
+                self.n_read = len(job.context_ids)
+                job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
+                job.draft_dists = [None] * job.k
+
+        def catch_up_len(self, slot_id, context_ids) -> int:
+            return len(context_ids) - self.n_read
+
+        def close(self) -> None:
+            pass
+
+    def n_runs(max_tokens: int) -> int:
+        rt = FakeRuntime()
+        # verification nearly free, drafting 1 ms a token: pays in steady state; the 200-token
+        # backlog costs ~0.2 s, which 5 tokens for the price of ~1.5 win back after ~30 tokens
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}),
+                          ShapeCosts({1: CostTable((1, 64), (0.001, 0.064))}))
+        spec = Speculator(RightDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine, _ = fake_engine(1, 1024, 256, speculator=spec, runtime=rt)
+        prompt = tuple(1 + i % (N_VOCAB - 1) for i in range(200))
+        engine.submit(GenerationRequest("a", prompt, SamplingParams(temperature=0), max_tokens, ignore_eos=True),
+                      lambda e: None)
+        while engine.has_work:
+            engine.step()
+        return spec.n_runs
+
+    assert n_runs(10) == 0
+    assert n_runs(200) >= 30  # ~200 tokens at up to 5 a step
+
+
+def test_auto_counts_the_step_time_its_costs_leave_out() -> None:
+    """Each step also spends time outside the priced llama_decode calls (sampling, streaming);
+    drafting pays it once for several tokens. With it learned, drafts that the decode costs alone
+    call a small loss are taken."""
+    class SlowRuntime(FakeRuntime):  # its clock runs the priced time per token, plus unpriced_s per step
+        def __init__(self, unpriced_s: float) -> None:
+            super().__init__()
+            self.unpriced_s = unpriced_s
+            self.now_s = 0.0
+
+        def clock(self) -> float:
+            return self.now_s
+
+        def decode(self, rows):
+            self.now_s += 0.001 * sum(len(r.token_ids) for r in rows) + self.unpriced_s
+            return super().decode(rows)
+
+    def drafted_share(unpriced_s: float) -> tuple[float, float]:
+        rt = SlowRuntime(unpriced_s)
+        # k tokens cost a bit more than k times one: even drafts that always land lose on these costs alone
+        costs = StepCosts(ShapeCosts({1: CostTable((1, 64), (0.001, 0.066))}))
+        spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, costs)
+        engine, _ = fake_engine(1, 256, 64, speculator=spec, runtime=rt, clock=rt.clock)
+        # the fake model counts up: the prompt already holds every continuation, so n-gram drafts land
+        engine.submit(GenerationRequest("a", tuple(list(range(1, 50)) + list(range(1, 5))),
+                                        SamplingParams(temperature=0), 40, ignore_eos=True), lambda e: None)
+        while engine.has_work:
+            engine.step()
+        return spec.n_accepted / 40, spec.unpriced_s
+
+    share, unpriced = drafted_share(0.004)
+    assert unpriced == pytest.approx(0.004, rel=0.05)  # learned (priced a little over 1 ms a token)
+    assert share > 0.5  # most tokens came as accepted drafts
+    share, unpriced = drafted_share(0.0)
+    assert unpriced < 1e-9 and share < 0.1  # at most the exploration probes
