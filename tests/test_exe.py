@@ -95,13 +95,11 @@ def test_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, args: tuple[st
 
 
 def test_the_page_loads_in_chromium(exe: Path, home: Path) -> None:
-    from playwright.sync_api import sync_playwright
+    from browser import launched_chromium
 
     proc, url = start(exe, home)
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        with launched_chromium() as browser:
             page = browser.new_page()
             failed: list[str] = []
             page.on("requestfailed", lambda r: failed.append(r.url))
@@ -109,7 +107,6 @@ def test_the_page_loads_in_chromium(exe: Path, home: Path) -> None:
             page.wait_for_selector("#server-status:has-text('slots busy')")
             assert page.title() == "runner · smollm2-135m-instruct"
             assert failed == []
-            browser.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)

@@ -1,4 +1,4 @@
-"""The built-in chat page in a real Chromium (Debian's, driven by playwright) against `runner serve`."""
+"""The built-in chat page in a real Chromium (driven by playwright) against `runner serve`."""
 
 from __future__ import annotations
 
@@ -8,15 +8,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import playwright.sync_api as playwright_api
 import pytest
 
+from browser import launched_chromium
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.model
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 MODEL = "smollm2-135m-instruct"
 LONG = "Count from 1 to 300, separated by commas."
 REPO = Path(__file__).resolve().parents[1]
@@ -31,12 +28,8 @@ def server(smollm2_path: Path, model_cache: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (.ci/run does)")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with launched_chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
