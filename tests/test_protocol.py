@@ -30,6 +30,10 @@ BAD_CHAT = [
     ({"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
     ({"messages": MSG, "stream": "yes"}, 400, "stream", "invalid_type"),
     ({"messages": MSG, "model": "gpt-4o"}, 404, "model", "model_not_found"),
+    (b"[" * 10_000 + b"]" * 10_000, 400, None, "invalid_json"),  # past Python's recursion limit
+    (b'{"messages": ' + b"[" * 100 + b"]" * 100 + b"}", 400, None, "invalid_json"),  # past MAX_JSON_DEPTH
+    (b'{"messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None, "invalid_json"),  # over 4,300 digits
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "invalid_json"),  # lone surrogate
 ]
 
 

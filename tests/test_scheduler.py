@@ -217,3 +217,23 @@ def test_a_new_request_fills_the_gap_between_busy_slots() -> None:
     engine.step()
     assert engine.scheduler.pool.slots[1].seq.request_id == "new"
     assert engine.scheduler.pool.slots[4].seq is None
+
+
+def test_a_request_whose_sampling_raises_fails_alone() -> None:
+    engine, rt = make_engine(n_slots=2)
+    bad = submit(engine, "bad", [10, 11], max_tokens=5)
+    good = submit(engine, "good", [20, 21], max_tokens=5)
+    engine.step()  # both prefilled; now break the first one's sampling
+    seq = engine.scheduler.pool.slots[0].seq
+    assert seq is not None and seq.request_id == "bad"
+
+    def broken(*args, **kwargs):
+        raise ValueError("probabilities contain NaN")
+
+    seq.take_tokens = broken
+    run_all(engine)
+    assert bad[-1].finish_reason is FinishReason.ERROR and "NaN" in bad[-1].error
+    assert good[-1].finish_reason is FinishReason.LENGTH
+    assert [t for e in good for t in e.token_ids] == [22, 23, 24, 25, 26]
+    assert [s.state for s in engine.scheduler.pool.slots] == [SlotState.IDLE, SlotState.IDLE]
+    assert rt.kv.get(0, []) == []  # the failed slot's KV is not trusted

@@ -45,7 +45,7 @@ def test_a_failed_decode_mid_stream_sends_an_error_event_and_frees_the_slot(app_
         return real_decode(rows)
 
     runner.decode = failing_decode
-    with TestClient(create_app(app_state)) as client:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
         events = sse_events(client.post("/v1/chat/completions", json=BODY).text)
         runner.decode = real_decode
         chunks = [json.loads(e) for e in events]
@@ -68,7 +68,7 @@ def test_a_non_streamed_failure_is_a_500_envelope(app_state: ServerState) -> Non
         raise RuntimeError("llama_decode failed with code 1: no KV slot")
 
     runner.decode = broken
-    with TestClient(create_app(app_state)) as client:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
         r = client.post("/v1/chat/completions", json={**BODY, "stream": False})
         assert r.status_code == 500
         assert r.json()["error"]["code"] == "generation_failed"
@@ -76,7 +76,7 @@ def test_a_non_streamed_failure_is_a_500_envelope(app_state: ServerState) -> Non
 
 
 def test_stream_chunks_are_one_per_token_with_exact_usage(app_state: ServerState) -> None:
-    with TestClient(create_app(app_state)) as client:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
         body = {**BODY, "stream_options": {"include_usage": True}, "logprobs": True}
         chunks = [json.loads(e) for e in sse_events(client.post("/v1/chat/completions", json=body).text) if e != "[DONE]"]
         token_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]

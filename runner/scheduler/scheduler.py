@@ -74,6 +74,13 @@ class Scheduler:
             if slot.seq is not None and slot.seq.request_id == request_id:
                 slot.seq.is_cancel_requested = True
 
+    def cancel_all(self) -> None:
+        for seq in self.waiting:
+            seq.is_cancel_requested = True
+        for slot in self.pool.active():
+            if slot.seq is not None:
+                slot.seq.is_cancel_requested = True
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting) or self.pool.n_busy > 0
@@ -106,23 +113,30 @@ class Scheduler:
         return plan
 
     def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:
-        """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and free slots."""
+        """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and
+        free slots. A row whose sampling or detokenizing raises fails its own request only."""
         for row, rows in zip(plan.rows, logits, strict=True):
-            slot, seq = row.slot, row.slot.seq
-            assert seq is not None
-            if row.n_logits == 0:
-                slot.append(row.token_ids)
-                continue
-            slot.state = SlotState.GENERATING
-            n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
-            n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
-            row.n_accepted, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists, n_ctx_left)
-            n_kept = n_fed + row.n_accepted
-            if n_kept < len(row.token_ids):  # rejected drafts leave the KV
-                self._kv.kv_remove(slot.id, slot.n_cached + n_kept, -1)
-            slot.append(row.token_ids[:n_kept])
-            if seq.is_finished:
-                self.pool.release(slot)
+            try:
+                self._take(row, rows)
+            except Exception as exc:  # noqa: BLE001 - contained: the other rows' requests go on
+                self._drop(row.slot, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _take(self, row: BatchRow, rows: np.ndarray) -> None:
+        slot, seq = row.slot, row.slot.seq
+        assert seq is not None
+        if row.n_logits == 0:
+            slot.append(row.token_ids)
+            return
+        slot.state = SlotState.GENERATING
+        n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
+        n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
+        row.n_accepted, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists, n_ctx_left)
+        n_kept = n_fed + row.n_accepted
+        if n_kept < len(row.token_ids):  # rejected drafts leave the KV
+            self._kv.kv_remove(slot.id, slot.n_cached + n_kept, -1)
+        slot.append(row.token_ids[:n_kept])
+        if seq.is_finished:
+            self.pool.release(slot)
 
     def fail(self, plan: BatchPlan, message: str) -> None:
         """A decode failed: end the plan's requests with an error; their KV is no longer trusted."""
@@ -138,7 +152,7 @@ class Scheduler:
             self._drop(slot, message)
 
     def _drop(self, slot: Slot, message: str) -> None:
-        if slot.seq is not None:
+        if slot.seq is not None and not slot.seq.is_finished:
             slot.seq.finish(FinishReason.ERROR, error=message)
         self._kv.kv_remove(slot.id, 0, -1)
         slot.truncate(0)

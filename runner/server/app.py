@@ -17,6 +17,8 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -26,16 +28,17 @@ from runner.chat_template import TemplateError
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
-from runner.server.engine_thread import EngineThread
+from runner.server.engine_thread import EngineStoppedError, EngineThread
 from runner.server.errors import ApiError, invalid
 from runner.server.event_pump import EventPump
+from runner.server.guards import (DEFAULT_MAX_BODY_BYTES, PAGE_HEADERS, HostPolicy, RequestGuard,
+                                  check_json_content_type, read_body)
 from runner.server.metrics import render_metrics
 from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.responses import ResponseBuilder, sse
 
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 RETRY_AFTER_S = 1
-DISCONNECT_POLL_S = 0.5
 
 
 @dataclass
@@ -46,6 +49,9 @@ class ServerState:
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stream_interval_s: float = 0.0  # see EventPump
+    hosts: HostPolicy = field(default_factory=lambda: HostPolicy.for_server("127.0.0.1"))
+    cors_origins: frozenset[str] = frozenset()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     is_closed: bool = False
     _pump: EventPump | None = None
 
@@ -60,6 +66,13 @@ class ServerState:
             self.is_closed = True
             self.engine_thread.stop()
             self.loaded.close()
+
+
+async def _api_body(state: ServerState, request: Request) -> dict[str, Any]:
+    """An API request's JSON body, after its key, content type and size were checked."""
+    _check_auth(state, request)
+    check_json_content_type(request)
+    return parse_json(await read_body(request, state.max_body_bytes))
 
 
 def _check_auth(state: ServerState, request: Request) -> None:
@@ -103,6 +116,8 @@ async def _run(state: ServerState, request: Request, gen: GenerationRequest, bui
     except QueueFullError as exc:
         raise ApiError(503, f"The server is busy: {exc}; retry shortly", "server_error", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except EngineStoppedError as exc:
+        raise ApiError(503, str(exc), "server_error", code="engine_stopped") from None
     if common.stream:
         return StreamingResponse(_stream(state, gen.request_id, events, builder, common.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -139,25 +154,36 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
             state.engine_thread.cancel(request_id)
 
 
+async def _wait_for_disconnect(request: Request) -> None:
+    """Returns once the client has gone (the body was read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _collect(state: ServerState, request: Request, request_id: str, events: asyncio.Queue[StreamEvent],
                    builder: ResponseBuilder) -> Response:
+    """A whole (non-streamed) reply; a client that leaves meanwhile cancels its request at once."""
+    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    finished = False
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    state.engine_thread.cancel(request_id)
-                    return Response(status_code=499)
-                continue
+            next_event = asyncio.ensure_future(events.get())
+            await asyncio.wait({next_event, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_event.done():
+                next_event.cancel()
+                return Response(status_code=499)
+            event = next_event.result()
             if event.error is not None:
+                finished = True
                 raise ApiError(500, event.error, "server_error", code="generation_failed")
             builder.add(event)
             if event.is_final:
+                finished = True
                 return JSONResponse(builder.whole())
-    except asyncio.CancelledError:
-        state.engine_thread.cancel(request_id)
-        raise
+    finally:
+        gone.cancel()
+        if not finished:  # the client went away (or this task was cancelled): free the slot
+            state.engine_thread.cancel(request_id)
 
 
 def _page_template() -> jinja2.Template:
@@ -170,8 +196,7 @@ def create_app(state: ServerState) -> Starlette:
     served_name = state.model_ids[0]
 
     async def chat_completions(request: Request) -> Response:
-        _check_auth(state, request)
-        params = parse_chat(parse_json(await request.body()))
+        params = parse_chat(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
         try:
             prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages)
@@ -183,8 +208,7 @@ def create_app(state: ServerState) -> Starlette:
         return await _run(state, request, gen, builder, params.common)
 
     async def completions(request: Request) -> Response:
-        _check_auth(state, request)
-        params = parse_completion(parse_json(await request.body()))
+        params = parse_completion(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
         if isinstance(params.prompt, tuple):
             prompt_ids = params.prompt
@@ -201,6 +225,8 @@ def create_app(state: ServerState) -> Starlette:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
+        if not state.engine_thread.is_alive:
+            return JSONResponse({"status": "error", "error": "the engine thread has stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def slots(request: Request) -> Response:
@@ -227,7 +253,7 @@ def create_app(state: ServerState) -> Starlette:
 
     async def index(request: Request) -> Response:
         html = page.render(model=served_name, needs_key=state.api_key is not None)
-        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache", **PAGE_HEADERS})
 
     routes = [
         Route("/", index, methods=["GET"]),
@@ -247,4 +273,8 @@ def create_app(state: ServerState) -> Starlette:
         state.close()
 
     handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(RequestGuard, hosts=state.hosts, cors_origins=state.cors_origins)]
+    if state.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(state.cors_origins), allow_methods=["*"],
+                                     allow_headers=["*"], max_age=600))
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)

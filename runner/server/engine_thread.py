@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 from runner.scheduler.engine import Engine
 from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent
+from runner.errors import RunnerError
 from runner.scheduler.scheduler import QueueFullError
+
+
+class EngineStoppedError(RunnerError):
+    """The engine thread has stopped: no request can be served."""
 
 
 @dataclass(frozen=True)
@@ -30,19 +35,30 @@ class SlotView:
     draft_acceptance: float | None  # accepted / proposed for the current (or last) request
 
 
+@dataclass(frozen=True)
+class _Submit:
+    request: GenerationRequest
+    sink: EventSink
+
+
 class EngineThread:
     def __init__(self, engine: Engine, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
-        self._inbox: deque[Callable[[], None]] = deque()
+        self._inbox: deque[_Submit | Callable[[], None]] = deque()
         self._n_arriving = 0  # submits in the inbox (cancels there wait for no slot)
         self._wake = threading.Condition()
         self._stopping = False
         self._on_error = on_error
+        self.crash: BaseException | None = None  # what stopped the thread, if anything did
         self._thread = threading.Thread(target=self._run, name="runner-engine", daemon=True)
         self.started_s = time.time()
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.crash is None
 
     def stop(self) -> None:
         with self._wake:
@@ -60,14 +76,20 @@ class EngineThread:
         scheduler = self.engine.scheduler
         scheduler.check_prompt(len(request.prompt_ids))
         with self._wake:
+            if self.crash is not None or self._stopping:
+                raise EngineStoppedError("the engine has stopped (see the server's log); restart the server")
             if scheduler.is_queue_full(self._n_arriving):
                 raise QueueFullError(f"the queue is full ({scheduler.max_queue} requests waiting)")
             self._n_arriving += 1
-            self._inbox.append(lambda: self._submit_now(request, sink))
+            self._inbox.append(_Submit(request, sink))
             self._wake.notify()
 
     def cancel(self, request_id: str) -> None:
         self._post(lambda: self.engine.cancel(request_id))
+
+    def cancel_all(self) -> None:
+        """Cancel every request, waiting or running (shutdown: nobody will read their replies)."""
+        self._post(self.engine.scheduler.cancel_all)
 
     def slots(self) -> list[SlotView]:
         views = []
@@ -94,15 +116,35 @@ class EngineThread:
             self._inbox.append(command)
             self._wake.notify()
 
-    def _submit_now(self, request: GenerationRequest, sink: EventSink) -> None:
+    def _run_command(self, command: _Submit | Callable[[], None]) -> None:
+        """One inbox command; one that raises is reported and fails only its own request."""
+        if not isinstance(command, _Submit):
+            try:
+                command()
+            except Exception as exc:  # noqa: BLE001 - a cancel or probe must not take the engine down
+                self._report(exc)
+            return
         with self._wake:
             self._n_arriving -= 1
         try:
-            self.engine.submit(request, sink)
+            self.engine.submit(command.request, command.sink)
         except QueueFullError as exc:  # the queue filled between the check and now
-            sink(StreamEvent(request.request_id, "", finish_reason=FinishReason.ERROR, error=str(exc)))
+            _fail(command, str(exc))
+        except Exception as exc:  # noqa: BLE001
+            self._report(exc)
+            _fail(command, f"internal error: {exc}")
+
+    def _report(self, exc: BaseException) -> None:
+        if self._on_error:
+            self._on_error(exc)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported once; /health says so from now on
+            self._crashed(exc)
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while not self._inbox and not self.engine.has_work and not self._stopping:
@@ -112,10 +154,28 @@ class EngineThread:
                 commands = list(self._inbox)
                 self._inbox.clear()
             for command in commands:
-                command()
+                self._run_command(command)
             try:
                 self.engine.step()
             except Exception as exc:  # noqa: BLE001 - keep serving; the failing step's requests get the error
-                if self._on_error:
-                    self._on_error(exc)
+                self._report(exc)
                 self.engine.scheduler.fail_all(f"internal error: {exc}")
+
+    def _crashed(self, exc: BaseException) -> None:
+        """The thread is ending on an error: fail whatever is in flight or waiting, so nobody hangs."""
+        with self._wake:
+            self.crash = exc
+            pending = [c for c in self._inbox if isinstance(c, _Submit)]
+            self._inbox.clear()
+        self._report(exc)
+        message = f"internal error: the engine stopped ({exc!r})"
+        for command in pending:
+            _fail(command, message)
+        try:
+            self.engine.scheduler.fail_all(message)
+        except Exception:  # noqa: BLE001 - the state that broke may break this too; the sinks above still ran
+            pass
+
+
+def _fail(command: _Submit, message: str) -> None:
+    command.sink(StreamEvent(command.request.request_id, "", finish_reason=FinishReason.ERROR, error=message))

@@ -10,6 +10,7 @@ from typing import Any
 from runner.chat_template import ROLES, Message
 from runner.sampling import SamplingParams
 from runner.server.errors import ApiError, invalid
+from runner.server.guards import MAX_JSON_DEPTH, check_json_value
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20
@@ -41,12 +42,18 @@ class CompletionParams:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; nesting, huge integers and lone surrogates are refused here."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise invalid(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise invalid(f"the request body holds a value that cannot be read: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_json")
+    check_json_value(body)
     return body
 
 

@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+from runner.errors import RunnerError
 from runner.options import EngineOptions, add_flags, from_args
+from runner.server.guards import DEFAULT_MAX_BODY_BYTES
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
 DEFAULT_STREAM_INTERVAL_MS = 20.0
+SHUTDOWN_GRACE_S = 3  # after SIGTERM/Ctrl-C: in-flight requests are cancelled, connections get this long to close
+API_KEY_ENV = "RUNNER_API_KEY"
 
 
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """`runner serve`'s own flags and the engine's (the model argument and --quiet are the CLI's)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on the API")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on the API (visible in ps: prefer ${API_KEY_ENV} "
+                        "or --api-key-file)")
+    p.add_argument("--api-key-file", type=Path, default=None, metavar="PATH",
+                   help="read the API key from this file's first line")
+    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="comma-separated host names the server answers to besides IP addresses, localhost and "
+                        "this machine's name ('*': any); other Host headers get 403 (DNS rebinding protection)")
+    p.add_argument("--cors-origins", default="", metavar="ORIGINS",
+                   help="comma-separated web origins (e.g. https://app.example) whose pages may call the API; "
+                        "default none: only the built-in page and programs")
+    p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 1e6, metavar="MB",
+                   help="largest request body; larger ones get 413 before they are read "
+                        f"(default: {DEFAULT_MAX_BODY_BYTES / 1e6:g})")
     p.add_argument("--alias", action="append", default=[], help="another model id to answer to (repeatable)")
     p.add_argument("--stream-interval", type=_milliseconds, default=DEFAULT_STREAM_INTERVAL_MS, metavar="MS",
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
@@ -36,13 +55,38 @@ def _milliseconds(text: str) -> float:
     return value
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else --api-key-file's first line, else $RUNNER_API_KEY (None: no key)."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file is not None:
+        try:
+            lines = args.api_key_file.read_text().splitlines()
+        except OSError as exc:
+            raise RunnerError(f"cannot read --api-key-file: {exc.strerror}: {args.api_key_file}") from None
+        if not lines or not lines[0].strip():
+            raise RunnerError(f"--api-key-file {args.api_key_file} is empty")
+        return lines[0].strip()
+    return os.environ.get(API_KEY_ENV) or None
+
+
 def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None = None) -> int:
-    """Serve until Ctrl-C or SIGTERM; on_ready(url) runs once the port is bound."""
+    """Serve until Ctrl-C or SIGTERM (in-flight work is cancelled); on_ready(url) runs once the port is bound."""
     import uvicorn
 
     from runner.loaded_model import LoadedModel
     from runner.server.app import ServerState, create_app
     from runner.server.engine_thread import EngineThread
+    from runner.server.guards import HostPolicy
+    from runner.server.uvicorn_server import CancellingServer
+
+    if not args.max_body_mb > 0:
+        raise RunnerError(f"--max-body-mb must be more than 0, got {args.max_body_mb:g}")
+    key = api_key(args)
 
     # NOTE: the engine thread must get the GIL back the moment llama_decode returns; the default 5 ms
     # switch interval lets the HTTP thread hold it that long and leaves the cores idle meanwhile.
@@ -51,10 +95,13 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
     engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
     engine_thread.start()
-    state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], args.api_key,
-                        stream_interval_s=args.stream_interval / 1000)
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
+    state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], key,
+                        stream_interval_s=args.stream_interval / 1000,
+                        hosts=HostPolicy.for_server(args.host, _names(args.allowed_hosts)),
+                        cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6))
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    server = CancellingServer(config, on_exit=engine_thread.cancel_all)
     _announce_when_ready(server, loaded.name, loaded.options.parallel, on_ready)
     try:
         server.run()
@@ -78,3 +125,4 @@ def _announce_when_ready(server: object, name: str, n_slots: int, on_ready: Call
                     on_ready(f"http://{host}:{port}/")
 
     server.startup = startup  # type: ignore[attr-defined]
+
