@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -22,10 +25,57 @@ FALLBACK_TEMPLATE = (
 FALLBACK_STOP = ("\nUser:",)
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+# A template comes from an untrusted GGUF: its rendering is bounded in time and output
+RENDER_TIMEOUT_S = 2.0
+MAX_RENDER_CHARS = 4_000_000
+MAX_POWER_EXPONENT = 64
 
 
 class TemplateError(RunnerError):
     """The chat template refused the conversation (e.g. roles out of order)."""
+
+
+class TemplateLimitError(TemplateError):
+    """The model's template ran too long or wrote too much: the model's fault, not the request's."""
+
+
+_render_budget = threading.local()  # the deadline of the rendering on this thread
+
+
+def _check_budget() -> None:
+    deadline = getattr(_render_budget, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise TemplateLimitError("the model's chat template ran too long (RENDER_TIMEOUT_S)")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The jinja2 sandbox, plus a deadline checked on every call, attribute and item access (a
+    loop does one of those per turn), and no string or power larger than the limits."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's names
+        _check_budget()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_budget()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_budget()
+        return super().getitem(obj, argument)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_budget()
+        if operator == "**" and isinstance(right, int) and abs(right) > MAX_POWER_EXPONENT:
+            raise TemplateLimitError(f"the model's chat template raises to a power over {MAX_POWER_EXPONENT}")
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_RENDER_CHARS:
+                    raise TemplateLimitError("the model's chat template builds a value over "
+                                             f"{MAX_RENDER_CHARS} items")
+        return super().call_binop(context, operator, left, right)
 
 
 @dataclass(frozen=True)
@@ -45,9 +95,10 @@ class ChatTemplate:
     eos_token: str = ""
     is_fallback: bool = False
     stop: tuple[str, ...] = field(default=())
+    render_timeout_s: float = RENDER_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
@@ -62,14 +113,25 @@ class ChatTemplate:
         return cls(FALLBACK_TEMPLATE, bos_token, eos_token, is_fallback=True, stop=FALLBACK_STOP)
 
     def render(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
+        """The prompt text; TemplateLimitError past render_timeout_s or MAX_RENDER_CHARS."""
+        _render_budget.deadline = time.monotonic() + self.render_timeout_s
+        pieces, n_chars = [], 0
         try:
-            return self._template.render(
+            for piece in self._template.generate(
                 messages=[{"role": m.role, "content": m.content} for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-            )
+            ):
+                n_chars += len(piece)
+                if n_chars > MAX_RENDER_CHARS:
+                    raise TemplateLimitError(f"the model's chat template wrote over {MAX_RENDER_CHARS} characters")
+                _check_budget()
+                pieces.append(piece)
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template error: {exc}") from None
+        finally:
+            _render_budget.deadline = None
+        return "".join(pieces)

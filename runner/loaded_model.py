@@ -18,11 +18,14 @@ from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread
 from runner.runtime.memory_plan import MemoryPlan
 from runner.runtime.model_runner import ModelRunner
 from runner.scheduler.engine import Engine
-from runner.scheduler.scheduler import Scheduler
+from runner.scheduler.scheduler import PromptTooLongError, Scheduler
 from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
 from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
+
+
+CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
 
 
 def _stderr(line: str) -> None:
@@ -131,12 +134,42 @@ class LoadedModel:
         agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
         return PRIOR_ACCEPT if agreement is None else agreement
 
+    def check_text_fits(self, n_chars: int) -> None:
+        """Refuse, before tokenizing, text that cannot fit a slot: every token stands for at most
+        max_token_bytes bytes, and a character is at least one."""
+        n_min_tokens = n_chars // self.model.max_token_bytes
+        if n_min_tokens >= self.options.ctx_size:
+            raise PromptTooLongError(f"the prompt has {n_chars} characters, at least {n_min_tokens} tokens, but a "
+                                     f"slot's context holds {self.options.ctx_size}; raise --ctx-size or shorten it")
+
     def chat_prompt_ids(self, messages: list[Message]) -> tuple[int, ...]:
-        """Render the chat template and tokenize it (specials parsed; BOS added only if missing)."""
+        """Render the chat template and tokenize it (specials parsed; BOS added only if missing).
+
+        Only the template's own text may produce special tokens: a message that spells one (a
+        user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text."""
+        if any(s in m.content for m in messages for s in self.model.special_texts):
+            return self._chat_prompt_ids_with_plain_contents(messages)
         text = self.template.render(messages)
+        return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
+
+    def _adds_bos(self, text: str) -> bool:
         bos = self.template.bos_token
-        add_special = not (bos and text.startswith(bos))
-        return tuple(self.model.tokenize(text, add_special=add_special, parse_special=True))
+        return not (bos and text.startswith(bos))
+
+    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message]) -> tuple[int, ...]:
+        """The template rendered around placeholders; its text parsed for specials, contents not.
+
+        NOTE: a template that rewrites contents (strip, split) sees the placeholders instead."""
+        marked = self.template.render([Message(m.role, f"{CONTENT_MARK}{i}{CONTENT_MARK}")
+                                       for i, m in enumerate(messages)])
+        parts = marked.split(CONTENT_MARK)  # template text, content index, template text, ...
+        ids = self.model.tokenize("", add_special=self._adds_bos(marked), parse_special=True)  # BOS, if any
+        for j, part in enumerate(parts):
+            if j % 2:
+                ids += self.model.tokenize(messages[int(part)].content, add_special=False, parse_special=False)
+            elif part:
+                ids += self.model.tokenize(part, add_special=False, parse_special=True)
+        return tuple(ids)
 
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.model.tokenize(text, add_special=True, parse_special=False))

@@ -123,3 +123,17 @@ def test_the_page_sends_security_headers_and_every_response_nosniff(client: Test
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert client.get("/v1/models").headers["x-content-type-options"] == "nosniff"
     assert client.get("/webui/app.js").headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(client: TestClient, state: ServerState,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args: object) -> None:
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(state.loaded, "text_prompt_ids", never)
+    monkeypatch.setattr(state.loaded, "chat_prompt_ids", never)
+    n_chars = 128 * state.loaded.model.max_token_bytes  # even at the longest token each: over 128
+    r = client.post("/v1/completions", json={"prompt": "x" * n_chars})
+    assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "prompt"
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * n_chars}]})
+    assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "messages"

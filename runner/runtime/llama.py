@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -174,6 +175,18 @@ class Model:
             piece = buf.raw[:n]
             self._piece_cache[token_id] = piece
         return piece
+
+    @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """Texts that become a control or user-defined token when specials are parsed (longest first)."""
+        mask = _lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+        texts = {self.token_text(t) for t in range(self.n_vocab) if _lc.llama_vocab_get_attr(self._vocab, t) & mask}
+        return tuple(sorted(texts - {""}, key=len, reverse=True))
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token can stand for (as a piece or as its vocabulary text)."""
+        return max(max(len(self.token_bytes(t)), len(self.token_text(t).encode())) for t in range(self.n_vocab))
 
     def token_text(self, token_id: int) -> str:
         """The vocabulary's text for a token, specials included (e.g. '<|im_end|>')."""

@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from runner.chat_template import TemplateError
+from runner.chat_template import TemplateError, TemplateLimitError
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
@@ -84,6 +84,13 @@ def _check_auth(state: ServerState, request: Request) -> None:
         raise ApiError(401, "Missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
     if not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+def _check_fits(state: ServerState, n_chars: int, param: str) -> None:
+    try:
+        state.loaded.check_text_fits(n_chars)
+    except PromptTooLongError as exc:
+        raise invalid(str(exc), param, "context_length_exceeded") from None
 
 
 def _generation_request(
@@ -198,8 +205,11 @@ def create_app(state: ServerState) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         params = parse_chat(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
+        _check_fits(state, sum(len(m.content) for m in params.messages), "messages")
         try:
             prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages)
+        except TemplateLimitError as exc:  # the model's template, not the request, is at fault
+            raise ApiError(500, str(exc), "server_error", code="template_limit") from None
         except TemplateError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from None
         gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop)
@@ -213,6 +223,7 @@ def create_app(state: ServerState) -> Starlette:
         if isinstance(params.prompt, tuple):
             prompt_ids = params.prompt
         else:
+            _check_fits(state, len(params.prompt), "prompt")
             prompt_ids = await run_in_threadpool(loaded.text_prompt_ids, params.prompt)
         gen = _generation_request(state, "cmpl", prompt_ids, params.common, ())
         builder = ResponseBuilder("completion", gen.request_id, params.common.model or served_name,
