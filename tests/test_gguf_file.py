@@ -41,3 +41,38 @@ def test_not_a_gguf(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match="model file not found"):
         read_gguf(tmp_path / "nope.gguf")
+
+
+def header_only(path: Path, **values: object) -> Path:
+    """A GGUF with no tensors and the given metadata (strings and ints)."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    for key, value in values.items():
+        name = key.replace("__", ".")
+        if isinstance(value, str):
+            w.add_string(name, value)
+        else:
+            w.add_int32(name, int(value))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", ["wide", 0, -32])
+def test_a_nonsense_alignment_is_one_line(tmp_path: Path, alignment: object) -> None:
+    path = header_only(tmp_path / "odd.gguf", general__alignment=alignment)
+    with pytest.raises(ModelFileError, match=r"corrupt GGUF metadata \(general.alignment is"):
+        read_gguf(path)
+
+
+def test_counts_of_the_wrong_type_read_as_unknown(tmp_path: Path) -> None:
+    from runner.options import EngineOptions
+    from runner.runtime.memory_plan import MemoryPlan
+
+    info = read_gguf(header_only(tmp_path / "odd.gguf", llama__context_length="long", llama__block_count="many",
+                                 llama__attention__head_count=-4))
+    assert (info.n_ctx_train, info.n_vocab, info.arch_int("block_count", 0)) == (0, 0, 0)
+    MemoryPlan.for_model(info, EngineOptions(), available_bytes=1 << 40).check()  # no traceback

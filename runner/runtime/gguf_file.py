@@ -40,6 +40,11 @@ class GgufInfo:
     def arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
+    def arch_int(self, key: str, default: int) -> int:
+        """An architecture count; the default when absent or not a non-negative integer."""
+        value = self.arch_value(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
     @property
     def quant_type(self) -> str:
         file_type = self.metadata.get("general.file_type")
@@ -52,15 +57,20 @@ class GgufInfo:
 
     @property
     def n_vocab(self) -> int:
-        return int(self.metadata.get("tokenizer.ggml.tokens", 0))
+        return _count(self.metadata.get("tokenizer.ggml.tokens"))
 
     @property
     def n_ctx_train(self) -> int:
-        return int(self.arch_value("context_length", 0))
+        return _count(self.arch_value("context_length"))
 
     @property
     def has_chat_template(self) -> bool:
         return "tokenizer.chat_template" in self.metadata
+
+
+def _count(value: Any) -> int:
+    """A metadata count, or 0 when the file stores something else there."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class _Cursor:
@@ -125,7 +135,10 @@ def read_gguf(path: Path) -> GgufInfo:
         if fh.read(4) != GGUF_MAGIC:
             raise ModelFileError(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(_Cursor(buf, path), path, file_size)
+            try:
+                return _parse(_Cursor(buf, path), path, file_size)
+            except (ValueError, TypeError, OverflowError, ZeroDivisionError, struct.error) as exc:
+                raise ModelFileError(f"{path}: corrupt GGUF metadata ({exc})") from None
 
 
 def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
@@ -152,7 +165,9 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         block, type_size = _type_sizes(ggml_type, path)
         n_params += n_elements
         data_end = max(data_end, offset + n_elements // block * type_size)
-    alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
+        raise ModelFileError(f"{path}: corrupt GGUF metadata (general.alignment is {alignment!r})")
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     total = data_start + data_end
     if total > file_size:

@@ -33,14 +33,14 @@ class MemoryPlan:
 
     @classmethod
     def for_model(cls, info: GgufInfo, options: EngineOptions, available_bytes: int | None = None) -> MemoryPlan:
-        n_layer = int(info.arch_value("block_count", 0))
-        n_embd = int(info.arch_value("embedding_length", 0))
-        n_head = int(info.arch_value("attention.head_count", 1)) or 1
-        n_head_kv = int(info.arch_value("attention.head_count_kv", n_head)) or n_head
-        head_k = int(info.arch_value("attention.key_length", n_embd // n_head))
-        head_v = int(info.arch_value("attention.value_length", n_embd // n_head))
+        n_layer = info.arch_int("block_count", 0)
+        n_embd = info.arch_int("embedding_length", 0)
+        n_head = info.arch_int("attention.head_count", 1) or 1
+        n_head_kv = info.arch_int("attention.head_count_kv", n_head) or n_head
+        head_k = info.arch_int("attention.key_length", n_embd // n_head)
+        head_v = info.arch_int("attention.value_length", n_embd // n_head)
         kv_per_token = n_layer * n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type]
-        n_ff = int(info.arch_value("feed_forward_length", 4 * n_embd))
+        n_ff = info.arch_int("feed_forward_length", 4 * n_embd)
         n_ubatch = min(options.batch_size, N_UBATCH_MAX)
         # logits for every output row + activations of one micro-batch (a generous estimate)
         compute = info.n_vocab * 4 * (options.parallel + n_ubatch) + n_ubatch * (n_embd + n_ff) * 4 * 8 + 32 * _MIB
