@@ -72,3 +72,21 @@ def test_a_good_chat_body_becomes_plain_params() -> None:
 def test_a_completion_prompt_may_be_token_ids_or_one_string() -> None:
     assert parse_completion({"prompt": [1, 2, 3]}).prompt == (1, 2, 3)
     assert parse_completion({"prompt": ["once"]}).prompt == "once"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
+    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("grammar", "root ::= x"),
+    ("functions", [{"name": "f"}]), ("best_of", 3), ("echo", True), ("suffix", "end"),
+])
+def test_parameters_not_done_here_are_refused_by_name(field: str, value: object) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"messages": MSG, field: value})
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, field, "unsupported_parameter")
+
+
+@pytest.mark.parametrize(("field", "value"), [("tools", []), ("tool_choice", "none"), ("logit_bias", {}),
+                                              ("response_format", {"type": "text"}), ("parallel_tool_calls", True),
+                                              ("echo", False), ("best_of", 1)])
+def test_values_that_ask_for_nothing_are_accepted(field: str, value: object) -> None:
+    assert parse_chat({"messages": MSG, field: value}).messages[0].content == "Hi"

@@ -34,6 +34,7 @@ from runner.server.event_pump import EventPump
 from runner.server.guards import (DEFAULT_MAX_BODY_BYTES, PAGE_HEADERS, HostPolicy, RequestGuard,
                                   check_json_content_type, read_body)
 from runner.server.metrics import render_metrics
+from runner.server.openapi import openapi_document
 from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.responses import ResponseBuilder, sse
 
@@ -70,6 +71,8 @@ class ServerState:
 
 async def _api_body(state: ServerState, request: Request) -> dict[str, Any]:
     """An API request's JSON body, after its key, content type and size were checked."""
+    if state.is_closed:  # shutting down: the model may already be freed
+        raise ApiError(503, "The server is shutting down", "server_error", code="shutting_down")
     _check_auth(state, request)
     check_json_content_type(request)
     return parse_json(await read_body(request, state.max_body_bytes))
@@ -235,6 +238,11 @@ def create_app(state: ServerState) -> Starlette:
         data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
         return JSONResponse({"object": "list", "data": data})
 
+    document = openapi_document(needs_key=state.api_key is not None)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
     async def health(request: Request) -> Response:
         if not state.engine_thread.is_alive:
             return JSONResponse({"status": "error", "error": "the engine thread has stopped"}, status_code=503)
@@ -273,6 +281,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/slots", slots, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]

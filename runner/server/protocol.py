@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,40 +58,87 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+@dataclass(frozen=True)
+class Field:
+    """One scalar request parameter, declared once: the parser reads it and /openapi.json
+    (server/openapi.py) documents it from this declaration."""
+
+    name: str
+    kind: str  # its JSON type: "number", "integer", "boolean" or "string"
+    description: str
+    lo: float | None = None
+    hi: float | None = None
+
+    def read(self, body: dict, default: Any = None) -> Any:
+        value = body.get(self.name)
+        if value is None:
+            return default
+        if not _is_kind(value, self.kind):
+            article = "an" if self.kind[0] in "aeiou" else "a"
+            raise invalid(f"'{self.name}' must be {article} {self.kind}, got {json.dumps(value)}", self.name,
+                          "invalid_type")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            bound = f"between {self.lo} and {self.hi}" if self.hi is not None else f"at least {self.lo}"
+            raise invalid(f"'{self.name}' must be {bound}, got {value}", self.name)
+        return float(value) if self.kind == "number" else value
+
+    def schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind, "description": self.description}
+        if self.lo is not None:
+            out["minimum"] = self.lo
+        if self.hi is not None:
+            out["maximum"] = self.hi
+        return out
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not _is_number(value):
-        raise invalid(f"'{key}' must be a number, got {json.dumps(value)}", key, "invalid_type")
-    if not lo <= value <= hi:
-        raise invalid(f"'{key}' must be between {lo} and {hi}, got {value}", key)
-    return float(value)
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) if kind == "integer" else math.isfinite(value)
 
 
-def _integer(body: dict, key: str, lo: int, hi: int | None = None, default: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"'{key}' must be an integer, got {json.dumps(value)}", key, "invalid_type")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise invalid(f"'{key}' must be {bound}, got {value}", key)
-    return value
+MODEL = Field("model", "string", "the served model id or an alias (optional: one model is served)")
+N = Field("n", "integer", "choices per request: only 1", 1, 1)
+STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
+INCLUDE_USAGE = Field("include_usage", "boolean", "a last chunk with the usage")
+MAX_COMPLETION_TOKENS = Field("max_completion_tokens", "integer", "most tokens in the reply", 1)
+MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (the older name)", 1)
+SEED = Field("seed", "integer", "random seed: same seed, same output", -(2**63), 2**64 - 1)
+IGNORE_EOS = Field("ignore_eos", "boolean", "extension: generate max_tokens even past end-of-text")
+CHAT_LOGPROBS = Field("logprobs", "boolean", "return each token's log-probability")
+TOP_LOGPROBS = Field("top_logprobs", "integer", "alternatives per token (needs logprobs)", 0, MAX_TOP_LOGPROBS)
+COMPLETION_LOGPROBS = Field("logprobs", "integer", "alternatives per token, with log-probabilities", 0, 5)
+SAMPLING = {  # SamplingParams field -> its request parameter
+    "temperature": Field("temperature", "number", "0: greedy", 0.0, 2.0),
+    "top_k": Field("top_k", "integer", "keep the k most likely tokens (0: off)", 0),
+    "top_p": Field("top_p", "number", "nucleus sampling threshold", 0.0, 1.0),
+    "min_p": Field("min_p", "number", "drop tokens below min_p x the top probability", 0.0, 1.0),
+    "repeat_penalty": Field("repeat_penalty", "number", "penalty for recently seen tokens", 0.01, 10.0),
+    "presence_penalty": Field("presence_penalty", "number", "OpenAI presence penalty", -2.0, 2.0),
+    "frequency_penalty": Field("frequency_penalty", "number", "OpenAI frequency penalty", -2.0, 2.0),
+}
+COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNORE_EOS, *SAMPLING.values())
+CHAT_FIELDS = (*COMMON_FIELDS, CHAT_LOGPROBS, TOP_LOGPROBS)
+COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS)
+# OpenAI parameters not done here (yet): refused by name instead of silently ignored, unless the
+# value asks for nothing (tool_choice "none", an empty logit_bias, response_format text, ...)
+NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "tools": lambda v: v == [], "tool_choice": lambda v: v == "none", "functions": lambda v: v == [],
+    "function_call": lambda v: v == "none", "parallel_tool_calls": lambda v: isinstance(v, bool),
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "logit_bias": lambda v: v == {}, "grammar": lambda v: False, "json_schema": lambda v: False,
+    "best_of": lambda v: v == 1, "echo": lambda v: v is False, "suffix": lambda v: v == "",
+}
 
 
-def _boolean(body: dict, key: str, default: bool = False) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"'{key}' must be a boolean, got {json.dumps(value)}", key, "invalid_type")
-    return value
+def _refuse_unsupported(body: dict) -> None:
+    for name, asks_nothing in NOT_SUPPORTED.items():
+        if body.get(name) is not None and not asks_nothing(body[name]):
+            raise invalid(f"'{name}' is not supported by this server yet; leave it out", name, "unsupported_parameter")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -107,41 +155,35 @@ def _stop(body: dict) -> tuple[str, ...]:
 
 
 def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid("'model' must be a string", "model", "invalid_type")
-    n = _integer(body, "n", 1, None, 1)
-    if n != 1:
-        raise invalid(f"'n' must be 1: this server returns one choice per request (got n={n})", "n", "unsupported_value")
-    stream = _boolean(body, "stream")
+    _refuse_unsupported(body)
+    model = MODEL.read(body)
+    n = body.get("n")
+    if n is not None and n != 1 and _is_kind(n, "integer") and n > 1:
+        raise invalid(f"'n' must be 1: this server returns one choice per request (got n={n})", "n",
+                      "unsupported_value")
+    N.read(body)
+    stream = STREAM.read(body, False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options", "invalid_type")
-    include_usage = _boolean(options or {}, "include_usage")
-    max_tokens = _integer(body, "max_completion_tokens", 1)
+    include_usage = INCLUDE_USAGE.read(options or {}, False)
+    max_tokens = MAX_COMPLETION_TOKENS.read(body)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
+        max_tokens = MAX_TOKENS.read(body)
     if logprobs_key_is_int:  # /v1/completions: logprobs is the number of alternatives
-        n_top = _integer(body, "logprobs", 0, 5)
+        n_top = COMPLETION_LOGPROBS.read(body)
     else:
-        n_top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) if _boolean(body, "logprobs") else None
-        if n_top is None and _boolean(body, "logprobs"):
+        wants_logprobs = CHAT_LOGPROBS.read(body, False)
+        n_top = TOP_LOGPROBS.read(body) if wants_logprobs else None
+        if n_top is None and wants_logprobs:
             n_top = 0
-        if body.get("top_logprobs") is not None and not _boolean(body, "logprobs"):
+        if body.get("top_logprobs") is not None and not wants_logprobs:
             raise invalid("'top_logprobs' requires 'logprobs': true", "top_logprobs")
-    seed = _integer(body, "seed", -(2**63), 2**64 - 1)
-    sampling = SamplingParams(
-        temperature=_number(body, "temperature", 0.0, 2.0, _DEFAULTS.temperature),
-        top_k=int(_integer(body, "top_k", 0, None, _DEFAULTS.top_k) or 0),
-        top_p=_number(body, "top_p", 0.0, 1.0, _DEFAULTS.top_p),
-        min_p=_number(body, "min_p", 0.0, 1.0, _DEFAULTS.min_p),
-        repeat_penalty=_number(body, "repeat_penalty", 0.01, 10.0, _DEFAULTS.repeat_penalty),
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, _DEFAULTS.presence_penalty),
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, _DEFAULTS.frequency_penalty),
-        seed=None if seed is None else seed % 2**64,
-    )
-    ignore_eos = _boolean(body, "ignore_eos")
-    return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top, ignore_eos)
+    seed = SEED.read(body)
+    sampling = SamplingParams(**{name: field.read(body, getattr(_DEFAULTS, name)) for name, field in SAMPLING.items()},
+                              seed=None if seed is None else seed % 2**64)
+    return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top,
+                        IGNORE_EOS.read(body, False))
 
 
 def _content(value: Any, index: int, role: str) -> str:

@@ -1,0 +1,123 @@
+"""GET /openapi.json: the API as this server speaks it, built from the parser's own declarations
+(protocol.Field) so the document cannot drift from what is accepted; the fuzz test holds every
+response to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner import __version__
+from runner.chat_template import ROLES
+from runner.server import protocol
+
+ERROR_STATUSES = {"400": "bad input", "401": "missing or wrong API key", "403": "Host or Origin not allowed",
+                  "404": "unknown model", "413": "body over --max-body-mb", "415": "not application/json",
+                  "503": "queue full or engine stopped"}
+FINISH_REASONS = ["stop", "length", "cancelled", "error"]
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+def _object(properties: dict[str, Any], required: list[str], extra: bool = False) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": extra}
+
+
+TEXT_PART = _object({"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}, ["type", "text"])
+MESSAGE = _object({
+    "role": {"type": "string", "enum": list(ROLES)},
+    "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}),
+    "name": {"type": "string"},
+}, ["role"], extra=True)
+STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                       "maxItems": protocol.MAX_STOP_STRINGS}]}
+STREAM_OPTIONS = _object({"include_usage": protocol.INCLUDE_USAGE.schema()}, [], extra=True)
+PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
+USAGE = _object({
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+    "total_tokens": {"type": "integer"},
+    "prompt_tokens_details": _object({"cached_tokens": {"type": "integer"}}, ["cached_tokens"], extra=True),
+}, ["prompt_tokens", "completion_tokens", "total_tokens"], extra=True)
+ERROR = _object({"error": _object({
+    "message": {"type": "string"}, "type": {"type": "string"},
+    "param": _nullable({"type": "string"}), "code": _nullable({"type": "string"}),
+}, ["message", "type", "param", "code"])}, ["error"])
+CHAT_COMPLETION = _object({
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
+    "created": {"type": "integer"}, "model": {"type": "string"},
+    "choices": {"type": "array", "minItems": 1, "items": _object({
+        "index": {"type": "integer"},
+        "message": _object({"role": {"type": "string", "enum": ["assistant"]},
+                            "content": _nullable({"type": "string"})}, ["role", "content"], extra=True),
+        "logprobs": _nullable({"type": "object"}),
+        "finish_reason": {"type": "string", "enum": FINISH_REASONS},
+    }, ["index", "message", "finish_reason"], extra=True)},
+    "usage": USAGE,
+}, ["id", "object", "created", "model", "choices", "usage"], extra=True)
+COMPLETION = _object({
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
+    "created": {"type": "integer"}, "model": {"type": "string"},
+    "choices": {"type": "array", "minItems": 1, "items": _object({
+        "index": {"type": "integer"}, "text": {"type": "string"},
+        "logprobs": _nullable({"type": "object"}),
+        "finish_reason": {"type": "string", "enum": FINISH_REASONS},
+    }, ["index", "text", "finish_reason"], extra=True)},
+    "usage": USAGE,
+}, ["id", "object", "created", "model", "choices", "usage"], extra=True)
+MODELS = _object({"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": _object({
+    "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]}, "created": {"type": "integer"},
+    "owned_by": {"type": "string"}}, ["id", "object", "created", "owned_by"])}}, ["object", "data"])
+
+
+def _request_body(fields: tuple[protocol.Field, ...], extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    properties = {f.name: f.schema() for f in fields} | extra
+    # other properties are ignored, except OpenAI's that this server does not do (protocol.NOT_SUPPORTED):
+    # those get 400 unless their value asks for nothing
+    return {"required": True, "content": {"application/json": {"schema": _object(properties, required, extra=True)}}}
+
+
+def _responses(ok: dict[str, Any], streams: bool, errors: list[str]) -> dict[str, Any]:
+    content = {"application/json": {"schema": ok}}
+    if streams:
+        # each server-sent event: data is a JSON chunk (or [DONE]); a failure mid-stream is an error envelope
+        content["text/event-stream"] = {"schema": _object({"data": {"type": "string"}, "event": {"type": "string"}},
+                                                          ["data"], extra=True)}
+    out: dict[str, Any] = {"200": {"description": "the reply", "content": content}}
+    for status in errors:
+        out[status] = {"description": ERROR_STATUSES[status], "content": {"application/json": {"schema": ERROR}}}
+    return out
+
+
+def openapi_document(needs_key: bool) -> dict[str, Any]:
+    api_errors = [s for s in ERROR_STATUSES if s != "401" or needs_key]
+    get_errors = ["403"] + (["401"] if needs_key else [])
+    chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
+                  "stream_options": STREAM_OPTIONS}
+    completion_extra = {"prompt": PROMPT, "stop": STOP, "stream_options": STREAM_OPTIONS}
+    doc: dict[str, Any] = {
+        "openapi": "3.0.3",
+        "info": {"title": "runner", "version": __version__,
+                 "description": "OpenAI-compatible API of a local runner server"},
+        "paths": {
+            "/v1/chat/completions": {"post": {
+                "operationId": "createChatCompletion",
+                "requestBody": _request_body(protocol.CHAT_FIELDS, chat_extra, ["messages"]),
+                "responses": _responses(CHAT_COMPLETION, True, api_errors)}},
+            "/v1/completions": {"post": {
+                "operationId": "createCompletion",
+                "requestBody": _request_body(protocol.COMPLETION_FIELDS, completion_extra, ["prompt"]),
+                "responses": _responses(COMPLETION, True, api_errors)}},
+            "/v1/models": {"get": {"operationId": "listModels", "responses": _responses(MODELS, False, get_errors)}},
+            "/health": {"get": {"operationId": "health", "responses": {
+                "200": {"description": "serving", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "403": {"description": ERROR_STATUSES["403"], "content": {"application/json": {"schema": ERROR}}},
+                "503": {"description": "the engine has stopped",
+                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        },
+    }
+    if needs_key:
+        doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
+        doc["security"] = [{"bearer": []}]
+    return doc
