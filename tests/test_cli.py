@@ -130,3 +130,12 @@ def test_a_gguf_with_nonsense_metadata_is_one_line(tmp_path: Path) -> None:
     for command in ("info", "run"):
         assert_one_line_error(runner(command, str(path), "-p", "x") if command == "run" else runner(command, str(path)),
                               r"corrupt GGUF metadata \(general.alignment is 'wide'\)")
+
+
+def test_the_reply_length_default_is_declared_once() -> None:
+    from runner.cli.main import build_parser
+    from runner.options import EngineOptions
+
+    parser = build_parser()
+    defaults = {parser.parse_args([command]).max_tokens for command in ("run", "chat", "serve")}
+    assert defaults == {EngineOptions().max_tokens} == {1024}

@@ -26,3 +26,13 @@ def test_the_wheel_holds_every_package_module_and_data_file(tmp_path: Path) -> N
                 if p.is_file() and "__pycache__" not in p.parts}
     assert expected - names == set()
     assert "runner/catalog/models.toml" in names and "runner/server/app.py" in names
+
+
+def test_jinja2_is_held_above_its_sandbox_escapes() -> None:
+    # CVE-2024-56326 and CVE-2025-27516 were fixed in 3.1.5 and 3.1.6; chat templates come from untrusted GGUFs
+    import importlib.metadata
+    import tomllib
+
+    requirements = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "jinja2>=3.1.6" in requirements
+    assert tuple(int(p) for p in importlib.metadata.version("jinja2").split(".")[:3]) >= (3, 1, 6)

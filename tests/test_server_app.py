@@ -84,3 +84,16 @@ def test_stream_chunks_are_one_per_token_with_exact_usage(app_state: ServerState
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
         prompt_ids = app_state.loaded.chat_prompt_ids([Message("user", "hello")])
         assert chunks[-1]["usage"]["prompt_tokens"] == len(prompt_ids)
+
+
+def test_a_request_without_max_tokens_stops_at_the_server_default(tiny_gguf: Path) -> None:
+    from engines import load_tiny
+
+    loaded = load_tiny(tiny_gguf, 1, ctx_size=128, batch_size=32, max_tokens=5)
+    thread = EngineThread(loaded.engine)
+    thread.start()
+    state = ServerState(loaded, thread, ["tiny"])
+    with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
+        body = {"messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
