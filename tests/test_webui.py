@@ -58,13 +58,22 @@ def reply_text(page) -> str:
     return page.locator(".message.assistant .body").last.inner_text()
 
 
+def wait_for_reply_longer_than(page, n_chars: int, timeout_s: float = 60) -> None:
+    """Polled from here: page.wait_for_function compiles its predicate in the page, which the page's
+    Content-Security-Policy (no eval) rightly refuses."""
+    deadline = time.monotonic() + timeout_s
+    while len(page.evaluate("document.querySelector('.message.assistant .body')?.innerText || ''")) <= n_chars:
+        assert time.monotonic() < deadline, f"the reply did not pass {n_chars} characters"
+        page.wait_for_timeout(20)
+
+
 def test_reply_streams_then_shows_stats(page) -> None:
     set_settings(page, temperature=0, max_tokens=150)
     send(page, LONG)
-    page.wait_for_function("document.querySelector('.message.assistant .body')?.innerText.length > 10")
+    wait_for_reply_longer_than(page, 10)
     first = len(reply_text(page))
     assert page.locator(".message.assistant .stats").count() == 0  # still streaming
-    page.wait_for_function(f"document.querySelector('.message.assistant .body').innerText.length > {first + 20}")
+    wait_for_reply_longer_than(page, first + 20)
     page.wait_for_selector(".message.assistant .stats", timeout=60000)
     stats = page.inner_text(".message.assistant .stats")
     assert stats.startswith("150 tokens · ") and "tok/s · first token " in stats
@@ -73,7 +82,7 @@ def test_reply_streams_then_shows_stats(page) -> None:
 def test_stop_ends_the_reply_and_frees_the_slot(page, server: ServerProcess) -> None:
     set_settings(page, temperature=0, max_tokens=1500)
     send(page, LONG)
-    page.wait_for_function("document.querySelector('.message.assistant .body')?.innerText.length > 30")
+    wait_for_reply_longer_than(page, 30)
     page.click("#stop")
     page.wait_for_selector(".message.assistant .stats")
     assert page.inner_text(".message.assistant .stats").endswith("· stopped")
