@@ -42,7 +42,7 @@ def raw_loop(model: Model, prompt_ids: list[int], n_tokens: int, threads: int) -
 def engine_loop(runner: Runner, prompt_ids: tuple[int, ...], n_tokens: int) -> float:
     runner.loaded.engine.scheduler.pool.slots[0].truncate(0)
     runner.loaded.runner.kv_remove(0)
-    request = dataclasses.replace(runner.scheduler.request(prompt_ids, max_tokens=n_tokens + 1, temperature=0), ignore_eos=True)
+    request = dataclasses.replace(runner.request(prompt_ids, max_tokens=n_tokens + 1, temperature=0), ignore_eos=True)
     started = None
     n = 0
     for event in runner.stream(request):

@@ -139,3 +139,13 @@ def test_the_reply_length_default_is_declared_once() -> None:
     parser = build_parser()
     defaults = {parser.parse_args([command]).max_tokens for command in ("run", "chat", "serve")}
     assert defaults == {EngineOptions().max_tokens} == {1024}
+
+
+def test_raw_run_completes_the_prompt_without_the_template(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "hello", "--raw", "--temperature", "0", "--max-tokens", "6", "-q")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    from runner.api import Runner
+
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        want = r.complete("hello", max_tokens=6, temperature=0)
+    assert proc.stdout == want + "\n"

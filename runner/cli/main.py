@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     with _open_runner(args) as runner:
         if args.raw:
-            for event in runner.stream(runner.scheduler.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
+            for event in runner.stream(runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             stats = None
