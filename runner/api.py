@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from runner.chat_template import Message
+from runner.constraints import Constraint, GrammarSpec
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
 from runner.sampling import SamplingParams
@@ -40,9 +42,12 @@ class Runner:
         self.close()
 
     def request(
-        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: tuple[str, ...] = (), **sampling: Any
+        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: tuple[str, ...] = (),
+        json_schema: dict | str | None = None, grammar: str | None = None, **sampling: Any
     ) -> GenerationRequest:
-        """max_tokens: EngineOptions.max_tokens when not given (a reply also ends at the slot's context)."""
+        """max_tokens: EngineOptions.max_tokens when not given (a reply also ends at the slot's context).
+        json_schema (a dict or JSON text; {} or {"type": "object"}: any object) or grammar (Lark or GBNF):
+        what the reply must follow (ConstraintError if it cannot compile)."""
         unknown = set(sampling) - _SAMPLING_FIELDS
         if unknown:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
@@ -52,7 +57,18 @@ class Runner:
             sampling=SamplingParams(**sampling),
             max_tokens=max_tokens or self.loaded.options.max_tokens,
             stop=tuple(stop),
+            constraint=self._constraint(json_schema, grammar),
         )
+
+    def _constraint(self, json_schema: dict | str | None, grammar: str | None) -> Constraint | None:
+        if json_schema is not None and grammar is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        if json_schema is not None:
+            text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+            return self.loaded.compile_constraint(GrammarSpec("json_schema", text, "json_schema"))
+        if grammar is not None:
+            return self.loaded.compile_constraint(GrammarSpec("gbnf", grammar, "grammar"))
+        return None
 
     def stream(self, request: GenerationRequest) -> Iterator[StreamEvent]:
         """Yield events as the engine produces them; closing the iterator cancels the request."""

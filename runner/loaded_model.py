@@ -9,6 +9,7 @@ from pathlib import Path
 from runner.catalog.catalog import ModelRef
 from runner.catalog.store import ModelStore
 from runner.chat_template import ChatTemplate, Message
+from runner.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.options import EngineOptions
 from runner.runtime.calibration import measure
 from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key
@@ -78,7 +79,8 @@ class LoadedModel:
             self.runner.close()
             self.model.close()
             raise
-        self.engine = Engine(self.runner, scheduler, self.model, self.speculator)
+        self.engine = Engine(self.runner, scheduler, self.model, self.speculator,
+                             jump_forward=self.options.jump_forward == "on")
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
@@ -133,6 +135,10 @@ class LoadedModel:
 
         agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
         return PRIOR_ACCEPT if agreement is None else agreement
+
+    def compile_constraint(self, spec: GrammarSpec) -> Constraint:
+        """A fresh grammar state for one request (ConstraintError if the schema or grammar cannot compile)."""
+        return compile_constraint(spec, self.model.guidance_tokenizer, self.model.n_vocab)
 
     def check_text_fits(self, n_chars: int) -> None:
         """Refuse, before tokenizing, text that cannot fit a slot: every token stands for at most

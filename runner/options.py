@@ -13,6 +13,7 @@ from runner.sampling import SamplingParams
 T = TypeVar("T")
 # KV cache types: bytes per stored value (ggml block sizes); llama.py maps each name to its ggml type
 KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+DEFAULT_MAX_TOKENS = 1024  # a reply's length when nobody says (also never past the slot's context)
 N_UBATCH_MAX = 512  # llama.cpp runs a batch in micro-batches of at most this many tokens (its n_ubatch)
 
 
@@ -27,7 +28,7 @@ class EngineOptions:
     batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
     threads: int = _opt(os.cpu_count() or 1, "CPU threads for llama.cpp")
     n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
-    max_tokens: int = _opt(1024, "most tokens in a reply when a request does not say (and never past the slot's "
+    max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
                                  "context)")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
     kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
@@ -35,6 +36,8 @@ class EngineOptions:
     draft_max: int = _opt(4, "most tokens drafted per slot and step")
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
+    jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "
+                                   "continuation, decode those tokens in one step", choices=("on", "off"))
     batch_invariant: str = _opt("auto", "auto: where llama.cpp's kernels would make a token's logits depend on "
                                         "what shares its step (F16 weights on x86), pad batches so output is the "
                                         "same alone, under load and with speculation (costs single-stream speed); "
@@ -62,6 +65,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
     """One flag per dataclass field; `overrides` changes a default for this command only."""
     overrides = overrides or {}
     for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
         default = overrides.get(f.name, f.default)
         kind = type(f.default) if f.default is not None else int
         help_text = f.metadata.get("help") or SAMPLING_HELP.get(f.name, "")
@@ -70,7 +75,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                  if f.metadata.get("cli") is not False})
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

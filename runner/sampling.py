@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from runner.constraints import Constraint
 
 GREEDY_EPS = 1e-5
 
@@ -27,6 +31,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # token id -> added to its logit before everything else (-100 bans it, 100 all but forces it);
+    # set by the API, not a command-line flag
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata={"cli": False})
 
     @property
     def is_greedy(self) -> bool:
@@ -48,15 +55,21 @@ class Distribution:
 class Sampler:
     """Per-request sampling state: the RNG and the token history penalties look at."""
 
-    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None,
+                 constraint: Constraint | None = None) -> None:
         self.params = params
+        self.constraint = constraint  # masks every row it samples; advances with every accepted token
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._rng = np.random.default_rng(seed)
         self._recent: list[int] = list(prompt_ids or [])[-params.repeat_last_n :] if params.repeat_last_n else []
         self._generated_counts: Counter[int] = Counter()
+        ids, bias = zip(*params.logit_bias) if params.logit_bias else ((), ())
+        self._bias = (np.array(ids, dtype=np.int64), np.array(bias, dtype=np.float32))
 
     def accept(self, token_id: int) -> None:
-        """Record a token that became part of the output (penalties look at it)."""
+        """Record a token that became part of the output (penalties and the grammar look at it)."""
+        if self.constraint is not None:
+            self.constraint.advance(token_id)
         if not self.params.has_penalties:  # nothing reads the history: skip the per-token bookkeeping
             return
         if self.params.repeat_last_n:
@@ -66,11 +79,16 @@ class Sampler:
         self._generated_counts[token_id] += 1
 
     def adjusted_logits(self, logits: np.ndarray) -> np.ndarray:
-        """Logits after penalties (a copy only when a penalty is active)."""
+        """Logits after the bias, penalties and grammar (a copy only when one is set)."""
         p = self.params
-        if not p.has_penalties:
+        if not p.has_penalties and not p.logit_bias and self.constraint is None:
             return logits
         out = np.array(logits, dtype=np.float32, copy=True)
+        if self.constraint is not None:
+            self.constraint.mask_into(out)
+        if p.logit_bias:
+            ids, bias = self._bias
+            out[ids] += bias
         if p.repeat_penalty != 1.0 and self._recent:
             ids = np.fromiter(set(self._recent), dtype=np.int64)
             vals = out[ids]
@@ -96,6 +114,8 @@ class Sampler:
         order = np.argsort(-scaled, kind="stable")
         ids, scaled = ids[order], scaled[order]
         probs = np.exp(scaled - scaled[0])
+        if self.constraint is not None:  # masked tokens have probability 0: never candidates
+            ids, probs = ids[probs > 0], probs[probs > 0]
         probs /= probs.sum()
         if p.min_p > 0.0:
             n_keep = int(np.count_nonzero(probs >= p.min_p * probs[0]))

@@ -149,3 +149,24 @@ def test_raw_run_completes_the_prompt_without_the_template(tiny_gguf: Path) -> N
     with Runner(tiny_gguf, log=lambda _: None) as r:
         want = r.complete("hello", max_tokens=6, temperature=0)
     assert proc.stdout == want + "\n"
+
+
+def test_run_with_a_json_schema_prints_json_that_follows_it(tiny_gguf: Path, tmp_path: Path) -> None:
+    import json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    for given in (str(path), json.dumps(schema)):
+        proc = runner("run", str(tiny_gguf), "-p", "a number", "--temperature", "0", "--max-tokens", "20", "-q",
+                      "--json-schema", given)
+        assert proc.returncode == 0, proc.stderr
+        assert set(json.loads(proc.stdout)) == {"n"} and 0 <= json.loads(proc.stdout)["n"] <= 9
+
+
+def test_a_schema_or_grammar_that_cannot_compile_is_one_line(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--json-schema", '{"$ref": "#/$defs/nope"}')
+    assert_one_line_error(proc, r"json_schema: .*does not exist")
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--grammar", "root ::= (")
+    assert_one_line_error(proc, r"^runner: error: grammar: ")

@@ -22,7 +22,7 @@ ALLOWED = {
     "server": {"base", "runtime", "scheduler", "speculation", "catalog", "root"},
     "cli": {"base", "runtime", "scheduler", "speculation", "catalog", "root", "server"},
 }
-BASE = {"runner.errors", "runner.sampling", "runner.options", "runner.chat_template"}
+BASE = {"runner.errors", "runner.sampling", "runner.options", "runner.chat_template", "runner.constraints"}
 ROOT = {"runner", "runner.api", "runner.loaded_model"}
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from runner.constraints import GrammarSpec
 from runner.server.errors import ApiError
 from runner.server.protocol import check_model, parse_chat, parse_completion, parse_json
 
@@ -76,7 +77,6 @@ def test_a_completion_prompt_may_be_token_ids_or_one_string() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("grammar", "root ::= x"),
     ("functions", [{"name": "f"}]), ("best_of", 3), ("echo", True), ("suffix", "end"),
 ])
 def test_parameters_not_done_here_are_refused_by_name(field: str, value: object) -> None:
@@ -90,3 +90,45 @@ def test_parameters_not_done_here_are_refused_by_name(field: str, value: object)
                                               ("echo", False), ("best_of", 1)])
 def test_values_that_ask_for_nothing_are_accepted(field: str, value: object) -> None:
     assert parse_chat({"messages": MSG, field: value}).messages[0].content == "Hi"
+
+
+def test_logit_bias_becomes_sorted_pairs() -> None:
+    params = parse_chat({"messages": MSG, "logit_bias": {"50": 5, "7": -100}})
+    assert params.common.sampling.logit_bias == ((7, -100.0), (50, 5.0))
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, {"-3": 1}, {"5": 101}, {"5": "x"}, {"5": -100.5}, [1, 2]])
+def test_bad_logit_bias_names_the_field(value: object) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"messages": MSG, "logit_bias": value})
+    assert (caught.value.status, caught.value.param) == (400, "logit_bias")
+
+
+def grammar_of(body: dict):
+    return parse_chat({"messages": MSG, **body}).common.grammar
+
+
+def test_response_format_and_grammar_become_a_grammar_spec() -> None:
+    assert grammar_of({}) is None and grammar_of({"response_format": {"type": "text"}}) is None
+    assert grammar_of({"response_format": {"type": "json_object"}}) == GrammarSpec("json_object", "", "response_format")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert grammar_of({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                                  "strict": True}}}) == \
+        GrammarSpec("json_schema", json.dumps(schema), "response_format")
+    assert grammar_of({"response_format": {"type": "json_object", "schema": schema}}).kind == "json_schema"
+    assert grammar_of({"grammar": 'root ::= "yes" | "no"'}) == GrammarSpec("gbnf", 'root ::= "yes" | "no"', "grammar")
+    assert grammar_of({"json_schema": schema}).param == "json_schema"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}, "response_format"),
+    ({"grammar": 5}, "grammar"),
+    ({"grammar": "root ::= x", "response_format": {"type": "json_object"}}, "grammar"),
+])
+def test_bad_response_formats_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        grammar_of(body)
+    assert (caught.value.status, caught.value.param) == (400, param)

@@ -72,3 +72,12 @@ def test_top_logprobs_are_normalised_and_sorted() -> None:
     log_z = np.log(np.exp(LOGITS.astype(np.float64)).sum())
     assert chosen == pytest.approx(2.5 - log_z)
     assert top[0][1] == pytest.approx(3.0 - log_z)
+
+
+def test_logit_bias_bans_and_forces_before_top_k() -> None:
+    banned = SamplingParams(temperature=0, logit_bias=((1, -100.0),))
+    assert draws(banned, 3) == [5] * 3  # the argmax is banned: the next best
+    forced = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, logit_bias=((3, 100.0),))
+    dist = Sampler(forced).distribution(LOGITS)
+    assert dist.token_ids.tolist()[0] == 3 and dist.probs[0] > 0.999  # raised before top_k chose its two
+    assert LOGITS[3] == -1.0  # the caller's logits are left alone

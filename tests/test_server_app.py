@@ -97,3 +97,14 @@ def test_a_request_without_max_tokens_stops_at_the_server_default(tiny_gguf: Pat
         body = {"messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
         r = client.post("/v1/chat/completions", json=body)
         assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_logit_bias_is_enforced_and_checked_against_the_vocabulary(app_state: ServerState) -> None:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        body = {**BODY, "stream": False, "max_tokens": 3}
+        forced = app_state.loaded.model.tokenize("zz", add_special=False, parse_special=False)[0]
+        r = client.post("/v1/chat/completions", json={**body, "logit_bias": {str(forced): 100}}).json()
+        text = app_state.loaded.model.token_bytes(forced).decode() * 3
+        assert r["choices"][0]["message"]["content"] == text  # +100: that token every time
+        r = client.post("/v1/chat/completions", json={**body, "logit_bias": {"999999": 5}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"

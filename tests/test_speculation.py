@@ -4,14 +4,17 @@ rejection rule), draft model KV bookkeeping, vocabulary checks, the measured agr
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections import Counter
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
 from engines import load_tiny, submit_all, token_ids
+from runner.constraints import GrammarSpec
 from runner.errors import ModelLoadError
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
@@ -210,3 +213,66 @@ def test_auto_starts_a_draft_model_from_its_measured_agreement(tiny_gguf: Path, 
     stored = {k: v for k, v in json.loads((tmp_path / CALIBRATION_FILE).read_text()).items() if ":agreement:" in k}
     assert sorted(stored.values()) == [other, 1.0]
     assert prior(other_draft) == other  # read back, not measured again
+
+
+def test_greedy_with_logit_bias_is_identical_with_and_without_drafts(tiny_gguf: Path) -> None:
+    plain, drafted = load_tiny(tiny_gguf, 1), load_tiny(tiny_gguf, 1, draft="ngram", spec="on", draft_max=4)
+    try:
+        first = run(plain, PROMPTS[:1], SamplingParams(temperature=0), 16)
+        favourite = token_ids(first[0])[0]
+        biased = SamplingParams(temperature=0, logit_bias=((favourite, -100.0),))
+        want = [token_ids(r) for r in run(plain, PROMPTS[:8], biased, 48)]
+        results = run(drafted, PROMPTS[:8], biased, 48)
+    finally:
+        plain.close()
+        drafted.close()
+    assert [token_ids(r) for r in results] == want
+    assert all(favourite not in ids for ids in want)
+    assert sum(r[-1].usage.draft_proposed for r in results) > 0  # drafts were verified under the bias
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "bb"]}, "maxItems": 3}},
+          "required": ["name", "tags"], "additionalProperties": False}
+
+
+def constrained_run(loaded: LoadedModel, sampling: SamplingParams, n: int = 4) -> list[list[StreamEvent]]:
+    spec = GrammarSpec("json_schema", json.dumps(SCHEMA), "response_format")
+    return submit_all(loaded.engine, [
+        GenerationRequest(f"c{i}", loaded.text_prompt_ids(text), dataclasses.replace(sampling, seed=i), 120,
+                          constraint=loaded.compile_constraint(spec))
+        for i, text in enumerate(PROMPTS[:n])])
+
+
+@pytest.mark.parametrize("setup", ["ngram", "same", "other", "no jump-forward"])
+def test_constrained_greedy_output_is_identical_with_and_without_drafts(tiny_gguf: Path, same_draft: Path,
+                                                                       other_draft: Path, setup: str) -> None:
+    plain = load_tiny(tiny_gguf, 2)
+    options = {"no jump-forward": {"jump_forward": "off"}, "ngram": {"draft": "ngram", "spec": "on"},
+               "same": {"draft": str(same_draft), "spec": "on"}, "other": {"draft": str(other_draft), "spec": "on"}}
+    other = load_tiny(tiny_gguf, 2, **options[setup])
+    try:
+        want = constrained_run(plain, SamplingParams(temperature=0))
+        got = constrained_run(other, SamplingParams(temperature=0))
+        forced = plain.engine.stats.n_forced_tokens
+    finally:
+        plain.close()
+        other.close()
+    assert [token_ids(r) for r in got] == [token_ids(r) for r in want]
+    assert forced > 0  # jump-forward ran in the plain engine
+    for events in want:  # whatever the random model chose, it is the schema's JSON
+        assert events[-1].finish_reason.value == "stop"
+        jsonschema.validate(json.loads("".join(e.text for e in events)), SCHEMA)
+
+
+def test_constrained_sampling_stays_inside_the_grammar_with_drafts(tiny_gguf: Path, near_draft: Path) -> None:
+    loaded = load_tiny(tiny_gguf, 4, draft=str(near_draft), spec="on")
+    try:
+        results = constrained_run(loaded, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), n=8)
+    finally:
+        loaded.close()
+    for events in results:
+        if events[-1].finish_reason.value == "stop":
+            jsonschema.validate(json.loads("".join(e.text for e in events)), SCHEMA)
+        else:  # out of tokens: still a prefix the grammar allows (checked as every token was taken)
+            assert events[-1].finish_reason.value == "length"

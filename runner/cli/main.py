@@ -26,13 +26,38 @@ def _quiet_flag(p: argparse.ArgumentParser) -> None:
 def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json-schema", default=None, metavar="FILE|JSON",
+                   help="the reply must be JSON following this schema (a file, or the schema itself; '{}': any object)")
+    p.add_argument("--grammar", default=None, metavar="FILE", help="the reply must follow this Lark or GBNF grammar")
     add_flags(p, SamplingParams)
     add_flags(p, EngineOptions, {"parallel": parallel})
 
 
 def _generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     sampling = from_args(SamplingParams, args)
-    return {"max_tokens": args.max_tokens, "stop": tuple(args.stop), **vars(sampling)}
+    constraint = {}
+    if args.json_schema is not None:
+        constraint["json_schema"] = _file_or_text(args.json_schema, "--json-schema")
+    if args.grammar is not None:
+        constraint["grammar"] = _file_or_text(args.grammar, "--grammar")
+    return {"max_tokens": args.max_tokens, "stop": tuple(args.stop), **constraint, **vars(sampling)}
+
+
+def _file_or_text(value: str, flag: str) -> str:
+    """The file's text when value names a file, else value itself (inline JSON or grammar)."""
+    from pathlib import Path
+
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:  # e.g. inline JSON longer than a file name may be
+        is_file = False
+    if not is_file:
+        return value
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise RunnerError(f"{flag}: cannot read {value}: {exc.strerror}") from None
 
 
 def _open_runner(args: argparse.Namespace) -> Any:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import llama_cpp as _lc
 import numpy as np
@@ -182,6 +182,23 @@ class Model:
         mask = _lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_USER_DEFINED
         texts = {self.token_text(t) for t in range(self.n_vocab) if _lc.llama_vocab_get_attr(self._vocab, t) & mask}
         return tuple(sorted(texts - {""}, key=len, reverse=True))
+
+    @functools.cached_property
+    def guidance_tokenizer(self) -> Any:
+        """This vocabulary as an llguidance tokenizer (for constrained decoding; built once, ~1 s)."""
+        import llguidance
+
+        tokens = []
+        for t in range(self.n_vocab):
+            piece = self.token_bytes(t) or self.token_text(t).encode()
+            attr = _lc.llama_vocab_get_attr(self._vocab, t)
+            if attr & _lc.LLAMA_TOKEN_ATTR_CONTROL or (attr & _lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                                       and piece.startswith(b"<") and piece.endswith(b">")):
+                piece = b"\xff" + self.token_text(t).encode()  # llguidance's mark for a special token
+            tokens.append(piece)
+        tokenize = ctypes.cast(_lc.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return llguidance.LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=self._vocab, tokenize_fptr=tokenize,
+                                                    eos_token=sorted(self.eog_ids))
 
     @functools.cached_property
     def max_token_bytes(self) -> int:

@@ -21,13 +21,14 @@ class BatchRow:
     draft_ids: list[int] = field(default_factory=list)
     draft_dists: list[Distribution | None] = field(default_factory=list)
     n_accepted: int = 0  # set by postprocess
+    is_forced: bool = False  # the drafts are the grammar's only continuation (jump-forward), not a drafter's
 
     @property
     def seq_id(self) -> int:  # the runtime's sequence id is the slot's
         return self.slot.id
 
-    def add_drafts(self, draft_ids: list[int], draft_dists: list[Distribution | None]) -> None:
-        self.draft_ids, self.draft_dists = draft_ids, draft_dists
+    def add_drafts(self, draft_ids: list[int], draft_dists: list[Distribution | None], is_forced: bool = False) -> None:
+        self.draft_ids, self.draft_dists, self.is_forced = draft_ids, draft_dists, is_forced
         self.token_ids = self.token_ids[:1] + draft_ids
         self.n_logits = 1 + len(draft_ids)
 

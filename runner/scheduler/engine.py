@@ -43,13 +43,16 @@ class EngineStats:
     n_generated_tokens: int = 0  # sampled by the target, accepted drafts included
     n_steps: int = 0
     decode_s: float = 0.0
+    n_forced_tokens: int = 0  # put in rows by jump-forward (constrained requests)
 
 
 class Engine:
     def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab,
-                 speculator: Speculation | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 speculator: Speculation | None = None, clock: Callable[[], float] = time.perf_counter,
+                 jump_forward: bool = True) -> None:
         self.runtime = runtime
         self.clock = clock  # seconds; tests inject one so that nothing depends on the machine's speed
+        self.jump_forward = jump_forward
         self.scheduler = scheduler
         self.vocab = vocab
         self.speculator = speculator
@@ -78,6 +81,8 @@ class Engine:
             return 0
         if self.speculator is not None:
             self.speculator.draft(plan, self.scheduler.n_batch, self.scheduler.n_ctx_per_slot)
+        if self.jump_forward:
+            self._jump_forward(plan)
         started = self.clock()
         try:
             logits = self.runtime.decode(plan.rows)
@@ -92,6 +97,23 @@ class Engine:
         if self.speculator is not None:
             self.speculator.learn(plan, self.clock() - step_started)
         return plan.n_tokens
+
+    def _jump_forward(self, plan: BatchPlan) -> None:
+        """Where a request's grammar allows exactly one continuation (a schema's fixed keys,
+        punctuation), those tokens ride in its row as drafts: verified like any draft (the masked
+        target gives them probability 1), so several forced tokens cost one step."""
+        room = self.scheduler.n_batch - plan.n_tokens
+        for row in plan.rows:
+            seq = row.slot.seq
+            if (room <= 0 or row.draft_ids or row.slot.state is not SlotState.GENERATING or seq is None
+                    or seq.request.constraint is None):
+                continue
+            cap = min(room, seq.n_tokens_left - 1, self.scheduler.n_ctx_per_slot - row.slot.n_cached - 2)
+            forced = seq.request.constraint.forced_tokens()[: max(0, cap)]
+            if forced:
+                row.add_drafts(forced, [None] * len(forced), is_forced=True)
+                room -= len(forced)
+                self.stats.n_forced_tokens += len(forced)
 
     def _count(self, rows: list[BatchRow]) -> None:
         for row in rows:

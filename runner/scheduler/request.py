@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from runner.constraints import Constraint
+from runner.options import DEFAULT_MAX_TOKENS
 from runner.sampling import SamplingParams
 
 
@@ -21,11 +23,12 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     n_top_logprobs: int | None = None  # None: no logprobs; 0: only the chosen token's
     ignore_eos: bool = False
     speculate: bool = True  # False: never draft for this request, whatever the server's --spec
+    constraint: Constraint | None = None  # the reply must follow this grammar (a fresh one per request)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class Sequence:
     ) -> None:
         self.request = request
         self.sink = sink
-        self.sampler = Sampler(request.sampling, list(request.prompt_ids))
+        self.sampler = Sampler(request.sampling, list(request.prompt_ids), request.constraint)
         self.detokenizer = Detokenizer(token_bytes, request.stop)
         self.eog_ids = frozenset() if request.ignore_eos else eog_ids
         self.output_ids: list[int] = []

@@ -25,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError, TemplateLimitError
+from runner.constraints import Constraint, ConstraintError
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
@@ -96,11 +97,25 @@ def _check_fits(state: ServerState, n_chars: int, param: str) -> None:
         raise invalid(str(exc), param, "context_length_exceeded") from None
 
 
+async def _constraint(state: ServerState, common: CommonParams) -> Constraint | None:
+    """The request's grammar, compiled before any token is generated (400 naming the parameter if it cannot be)."""
+    if common.grammar is None:
+        return None
+    try:
+        return await run_in_threadpool(state.loaded.compile_constraint, common.grammar)
+    except ConstraintError as exc:
+        raise invalid(str(exc), common.grammar.param, "invalid_grammar") from None
+
+
 def _generation_request(
-    state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...]
+    state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
+    constraint: Constraint | None = None,
 ) -> GenerationRequest:
-    if any(t < 0 or t >= state.loaded.model.n_vocab for t in prompt_ids):
-        raise invalid(f"prompt token ids must be in [0, {state.loaded.model.n_vocab})", "prompt")
+    n_vocab = state.loaded.model.n_vocab
+    if any(t < 0 or t >= n_vocab for t in prompt_ids):
+        raise invalid(f"prompt token ids must be in [0, {n_vocab})", "prompt")
+    if any(t >= n_vocab for t, _ in common.sampling.logit_bias):
+        raise invalid(f"'logit_bias' token ids must be in [0, {n_vocab})", "logit_bias")
     try:
         state.engine_thread.check_prompt(len(prompt_ids))
     except PromptTooLongError as exc:
@@ -115,6 +130,7 @@ def _generation_request(
         stop=common.stop + extra_stop,
         n_top_logprobs=common.n_top_logprobs,
         ignore_eos=common.ignore_eos,
+        constraint=constraint,
     )
 
 
@@ -215,7 +231,8 @@ def create_app(state: ServerState) -> Starlette:
             raise ApiError(500, str(exc), "server_error", code="template_limit") from None
         except TemplateError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from None
-        gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop)
+        constraint = await _constraint(state, params.common)
+        gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop, constraint)
         builder = ResponseBuilder("chat", gen.request_id, params.common.model or served_name,
                                   loaded.model.token_bytes, params.common.n_top_logprobs is not None)
         return await _run(state, request, gen, builder, params.common)
@@ -228,7 +245,8 @@ def create_app(state: ServerState) -> Starlette:
         else:
             _check_fits(state, len(params.prompt), "prompt")
             prompt_ids = await run_in_threadpool(loaded.text_prompt_ids, params.prompt)
-        gen = _generation_request(state, "cmpl", prompt_ids, params.common, ())
+        constraint = await _constraint(state, params.common)
+        gen = _generation_request(state, "cmpl", prompt_ids, params.common, (), constraint)
         builder = ResponseBuilder("completion", gen.request_id, params.common.model or served_name,
                                   loaded.model.token_bytes, params.common.n_top_logprobs is not None)
         return await _run(state, request, gen, builder, params.common)

@@ -94,8 +94,11 @@ def openapi_document(needs_key: bool) -> dict[str, Any]:
     api_errors = [s for s in ERROR_STATUSES if s != "401" or needs_key]
     get_errors = ["403"] + (["401"] if needs_key else [])
     chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
-                  "stream_options": STREAM_OPTIONS}
-    completion_extra = {"prompt": PROMPT, "stop": STOP, "stream_options": STREAM_OPTIONS}
+                  "stream_options": STREAM_OPTIONS, "logit_bias": protocol.LOGIT_BIAS_SCHEMA,
+                  "response_format": protocol.RESPONSE_FORMAT_SCHEMA, "grammar": protocol.GRAMMAR_FIELD.schema()}
+    completion_extra = {"prompt": PROMPT, "stop": STOP, "stream_options": STREAM_OPTIONS,
+                        "logit_bias": protocol.LOGIT_BIAS_SCHEMA, "response_format": protocol.RESPONSE_FORMAT_SCHEMA,
+                        "grammar": protocol.GRAMMAR_FIELD.schema()}
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "runner", "version": __version__,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.chat_template import ROLES, Message
+from runner.constraints import GrammarSpec
 from runner.sampling import SamplingParams
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import MAX_JSON_DEPTH, check_json_value
@@ -28,6 +29,7 @@ class CommonParams:
     include_usage: bool
     n_top_logprobs: int | None
     ignore_eos: bool  # extension (as llama.cpp's server): generate max_tokens even past end-of-text
+    grammar: GrammarSpec | None = None  # response_format / grammar / json_schema: what the reply must follow
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,6 @@ COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS)
 NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tools": lambda v: v == [], "tool_choice": lambda v: v == "none", "functions": lambda v: v == [],
     "function_call": lambda v: v == "none", "parallel_tool_calls": lambda v: isinstance(v, bool),
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
-    "logit_bias": lambda v: v == {}, "grammar": lambda v: False, "json_schema": lambda v: False,
     "best_of": lambda v: v == 1, "echo": lambda v: v is False, "suffix": lambda v: v == "",
 }
 
@@ -139,6 +139,71 @@ def _refuse_unsupported(body: dict) -> None:
     for name, asks_nothing in NOT_SUPPORTED.items():
         if body.get(name) is not None and not asks_nothing(body[name]):
             raise invalid(f"'{name}' is not supported by this server yet; leave it out", name, "unsupported_parameter")
+
+
+MAX_LOGIT_BIAS = 100.0
+LOGIT_BIAS_SCHEMA = {"type": "object", "description": "token id -> bias in [-100, 100] added to its logit",
+                     "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """{"token id": bias}; ids are checked against the vocabulary where it is known (server/app.py)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise invalid("'logit_bias' must be an object of token id -> bias", "logit_bias", "invalid_type")
+    out = []
+    for key, bias in value.items():
+        if not key.isdigit():
+            raise invalid(f"'logit_bias' keys must be token ids, got {json.dumps(key)}", "logit_bias")
+        if not _is_kind(bias, "number") or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(bias)} for {key}",
+                          "logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
+RESPONSE_FORMAT_SCHEMA = {
+    "type": "object", "description": "text (default), json_object (any JSON object; an optional 'schema' as "
+                                     "llama.cpp's server takes) or json_schema ({name, schema, strict})",
+    "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}},
+    "required": ["type"]}
+GRAMMAR_FIELD = Field("grammar", "string", "extension: a Lark or GBNF grammar the reply must follow")
+
+
+def _json_text(value: Any, param: str) -> str:
+    if not isinstance(value, dict):
+        raise invalid(f"'{param}' must be a JSON schema object", param, "invalid_type")
+    return json.dumps(value)
+
+
+def _grammar(body: dict) -> GrammarSpec | None:
+    """response_format, the llama.cpp-style grammar and json_schema fields: at most one of them."""
+    given = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None]
+    if len(given) > 1:
+        raise invalid(f"give one of {', '.join(given)}, not several", given[1])
+    if body.get("grammar") is not None:
+        return GrammarSpec("gbnf", GRAMMAR_FIELD.read(body), "grammar")  # llguidance tells Lark from GBNF
+    if body.get("json_schema") is not None:
+        return GrammarSpec("json_schema", _json_text(body["json_schema"], "json_schema"), "json_schema")
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise invalid("'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}",
+                      "response_format")
+    if fmt["type"] == "text":
+        return None
+    if fmt["type"] == "json_object":
+        schema = fmt.get("schema")
+        return GrammarSpec("json_object" if schema is None else "json_schema",
+                           "" if schema is None else _json_text(schema, "response_format"), "response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise invalid("'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+                      "response_format")
+    return GrammarSpec("json_schema", _json_text(spec.get("schema", {}), "response_format"), "response_format")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -181,9 +246,9 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
             raise invalid("'top_logprobs' requires 'logprobs': true", "top_logprobs")
     seed = SEED.read(body)
     sampling = SamplingParams(**{name: field.read(body, getattr(_DEFAULTS, name)) for name, field in SAMPLING.items()},
-                              seed=None if seed is None else seed % 2**64)
+                              seed=None if seed is None else seed % 2**64, logit_bias=_logit_bias(body))
     return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top,
-                        IGNORE_EOS.read(body, False))
+                        IGNORE_EOS.read(body, False), _grammar(body))
 
 
 def _content(value: Any, index: int, role: str) -> str:

@@ -137,6 +137,7 @@ class Speculator:
             for row, job in zip(rows, jobs):
                 row.add_drafts(job.draft_ids[: job.k], job.draft_dists[: job.k])
         for row in rows:
+            self._cut_to_grammar(row)
             self.slots[row.slot.id].k = len(row.draft_ids)
 
     def learn(self, plan: BatchPlan, step_s: float) -> None:
@@ -147,10 +148,20 @@ class Speculator:
             self._priced_s = None
         for row in plan.rows:
             spec = self.slots[row.slot.id]
-            if row.draft_ids:
+            if row.draft_ids and not row.is_forced:
                 spec.acceptance.record(len(row.draft_ids), row.n_accepted)
                 self.overall.record(len(row.draft_ids), row.n_accepted)
                 self.n_runs += 1
+
+    @staticmethod
+    def _cut_to_grammar(row: BatchRow) -> None:
+        """Drafts a constrained request's grammar would not take are cut before they enter the batch
+        (verification would reject them anyway: the masked target gives them probability 0)."""
+        constraint = row.slot.seq.request.constraint if row.slot.seq is not None else None
+        if constraint is not None and row.draft_ids:
+            n_valid = constraint.n_valid(row.draft_ids)
+            if n_valid < len(row.draft_ids):
+                row.add_drafts(row.draft_ids[:n_valid], row.draft_dists[:n_valid])
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         hook = getattr(self.drafter, "on_copy", None)

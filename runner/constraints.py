@@ -1,0 +1,100 @@
+"""Constrained decoding: a request's grammar (a JSON schema, any JSON object, Lark or GBNF) compiled
+by llguidance into a per-request matcher that masks the sampler's logits rows.
+
+The matcher advances with every token the request commits (the sampler's accept), so a
+speculative row is verified position by position against the masked distribution: drafts stay
+lossless. Only what cannot be continued is masked; no token the grammar allows is ever lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runner.errors import RunnerError
+
+KINDS = ("json_schema", "json_object", "lark", "gbnf")
+# JSON on one line with the usual separators: no run-away whitespace, and the keys and punctuation
+# between values are forced (jump-forward decodes them in one step)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ConstraintError(RunnerError):
+    """A schema or grammar that cannot be compiled (or a token it cannot take)."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request asked its reply to follow, as plain data (parsed at the edge)."""
+
+    kind: str  # one of KINDS
+    source: str  # the JSON schema as JSON text, or the grammar's text
+    param: str  # the request parameter it came from, for errors ("response_format", "grammar")
+
+
+@functools.lru_cache(maxsize=128)
+def grammar_text(kind: str, source: str) -> str:
+    """llguidance's grammar for a spec (cached: a repeated schema is translated once)."""
+    import llguidance
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(source or json.dumps({"type": "object"}),
+                                                             defaults=JSON_LAYOUT)
+    if kind == "json_schema":
+        return llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
+    if kind == "gbnf":
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
+    return llguidance.LLMatcher.grammar_from_lark(source)
+
+
+def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Constraint:
+    """A fresh matcher for one request; ConstraintError (with llguidance's reason) if it cannot compile."""
+    import llguidance
+
+    try:
+        grammar = grammar_text(spec.kind, spec.source)
+    except Exception as exc:  # noqa: BLE001 - the translators raise assorted errors on bad input
+        raise ConstraintError(f"{spec.param}: {exc}") from None
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"{spec.param}: {matcher.get_error()}")
+    return Constraint(matcher, n_vocab)
+
+
+class Constraint:
+    """One request's grammar state (an llguidance LLMatcher): masks, advances, forces."""
+
+    def __init__(self, matcher: Any, n_vocab: int) -> None:
+        self._matcher = matcher
+        self._n_vocab = n_vocab
+
+    def allowed(self) -> np.ndarray:
+        """A bool per token: may it come next?"""
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self._n_vocab].astype(bool)
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        """Set the logits of every token the grammar forbids next to -inf (in place)."""
+        logits[~self.allowed()] = -np.inf
+
+    def advance(self, token_id: int) -> None:
+        if not self._matcher.consume_token(token_id):
+            raise ConstraintError(f"the grammar cannot take token {token_id}: {self._matcher.get_error()}")
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        """How many leading token_ids the grammar would take from here (drafts past that are cut)."""
+        return self._matcher.validate_tokens(token_ids) if token_ids else 0
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar allows as the only continuation from here (jump-forward)."""
+        return list(self._matcher.compute_ff_tokens())
+
+    @property
+    def is_done(self) -> bool:
+        """Nothing but end-of-text may follow."""
+        return bool(self._matcher.is_stopped())
