@@ -26,3 +26,14 @@ def test_a_streamed_chunk_is_the_encoded_envelope_byte_for_byte(kind: str) -> No
         chunk = slow.chunk(event)
         assert fast.chunk_sse(event) == (None if chunk is None else sse(chunk))
     assert fast.whole() == slow.whole()
+
+
+def test_a_whole_chat_reply_has_the_fields_openais_spec_requires() -> None:
+    builder = ResponseBuilder("chat", "r1", "smol", lambda t: b"?", wants_logprobs=False)
+    for event in EVENTS:
+        builder.add(event)
+    whole = builder.whole()
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": 'Hello "quoted"\n\tand \\ backcafé ✓ 猫x end',
+                                              "refusal": None}
+    assert "system_fingerprint" not in whole  # a string or absent, never null
+    assert "system_fingerprint" not in builder.chunk(EVENTS[0])

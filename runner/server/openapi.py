@@ -50,7 +50,8 @@ CHAT_COMPLETION = _object({
     "choices": {"type": "array", "minItems": 1, "items": _object({
         "index": {"type": "integer"},
         "message": _object({"role": {"type": "string", "enum": ["assistant"]},
-                            "content": _nullable({"type": "string"})}, ["role", "content"], extra=True),
+                            "content": _nullable({"type": "string"}), "refusal": _nullable({"type": "string"})},
+                           ["role", "content", "refusal"], extra=True),
         "logprobs": _nullable({"type": "object"}),
         "finish_reason": {"type": "string", "enum": FINISH_REASONS},
     }, ["index", "message", "finish_reason"], extra=True)},

@@ -98,7 +98,6 @@ class ResponseBuilder:
             "object": obj + (".chunk" if chunk and self.is_chat else ""),
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
             "choices": choices,
         }
 
@@ -167,7 +166,7 @@ class ResponseBuilder:
         reason = finish_reason_json(self.finish_reason)
         if self.is_chat:
             logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
-            message = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's spec: required, nullable
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = self.completion_logprobs.json() if self.wants_logprobs else None
