@@ -66,7 +66,7 @@ class LoadedModel:
                 kv_unified=False,  # one KV stream per slot: measured identical to single-sequence output
                 kv_type=self.options.kv_type,
             )
-            self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "auto")
+            self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
         except BaseException:
             self.model.close()
             raise

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from runner.sampling import SamplingParams
@@ -17,6 +18,23 @@ DEFAULT_MAX_TOKENS = 1024  # a reply's length when nobody says (also never past 
 N_UBATCH_MAX = 512  # llama.cpp runs a batch in micro-batches of at most this many tokens (its n_ubatch)
 
 
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """Cores, not hardware threads: llama.cpp's decode gains nothing from a core's second thread.
+    From /proc/cpuinfo's (physical id, core id) pairs where there are any, else os.cpu_count()."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return os.cpu_count() or 1
+    cores, package = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            package = value.strip()
+        elif key.strip() == "core id":
+            cores.add((package, value.strip()))
+    return len(cores) or os.cpu_count() or 1
+
+
 def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
@@ -26,7 +44,7 @@ class EngineOptions:
     parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)")
     ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
     batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
-    threads: int = _opt(os.cpu_count() or 1, "CPU threads for llama.cpp")
+    threads: int = _opt(physical_cores(), "CPU threads for llama.cpp (default: this machine's physical cores)")
     n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
     max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
                                  "context)")
@@ -38,10 +56,11 @@ class EngineOptions:
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
     jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "
                                    "continuation, decode those tokens in one step", choices=("on", "off"))
-    batch_invariant: str = _opt("auto", "auto: where llama.cpp's kernels would make a token's logits depend on "
-                                        "what shares its step (F16 weights on x86), pad batches so output is the "
-                                        "same alone, under load and with speculation (costs single-stream speed); "
-                                        "off: never pad", choices=("auto", "off"))
+    batch_invariant: str = _opt("off", "on: where llama.cpp's kernels would make a token's logits depend on what "
+                                       "shares its step (F16/F32 weights on x86, found by a probe at load), pad "
+                                       "batches so greedy output is the same alone, under load and with "
+                                       "speculation (costs such models up to 1.7x single-stream speed); off: never "
+                                       "pad (quantized models are batch-invariant either way)", choices=("off", "on"))
 
 
 SAMPLING_HELP = {

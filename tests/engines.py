@@ -24,8 +24,11 @@ def fake_engine(n_slots: int = 1, n_ctx: int = 256, n_batch: int = 64, max_queue
 
 
 def load_tiny(path: Path, parallel: int = 1, **options: Any) -> LoadedModel:
-    """A real engine on a tiny GGUF: small context and batch unless the test says otherwise."""
-    opts = EngineOptions(**{"parallel": parallel, "ctx_size": 256, "batch_size": 128, "threads": 2, **options})
+    """A real engine on a tiny GGUF: small context and batch unless the test says otherwise. Batch
+    invariance is on: the tiny model's F32 weights need it for output not to depend on the batch,
+    which most engine tests compare."""
+    opts = EngineOptions(**{"parallel": parallel, "ctx_size": 256, "batch_size": 128, "threads": 2,
+                            "batch_invariant": "on", **options})
     return LoadedModel(path, opts, log=lambda _: None)
 
 

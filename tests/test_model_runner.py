@@ -73,7 +73,7 @@ def test_without_padding_the_tiny_model_would_differ(runner: ModelRunner) -> Non
 
 
 def test_batch_invariant_off_turns_the_padding_off(tiny_gguf) -> None:
-    for setting, pads in (("auto", True), ("off", False)):
+    for setting, pads in (("on", True), ("off", False)):
         loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=64, batch_size=32, batch_invariant=setting),
                              log=lambda _: None)
         try:
@@ -114,3 +114,23 @@ def test_the_batch_trace_records_each_decode_and_kv_edit(tiny_model: Model, tmp_
     ops = [json.loads(line) for line in trace.read_text().splitlines()]
     assert ops[0] == ["decode", [[1, [5, 9, 14], 0, [0, 2]]]]  # padded: a second logits row
     assert ops[-1] == ["kv_remove", [1, 2, -1]]
+
+
+def test_by_default_nothing_is_padded_and_with_the_option_the_padding_is_counted(tiny_gguf) -> None:
+    from engines import submit_all
+    from runner.sampling import SamplingParams
+    from runner.scheduler.request import GenerationRequest
+
+    counts = {}
+    for setting in ("off", "on"):
+        options = {} if setting == "off" else {"batch_invariant": "on"}
+        loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=64, batch_size=32, threads=2, **options),
+                             log=lambda _: None)
+        try:
+            submit_all(loaded.engine, [GenerationRequest(f"r{i}", (5, 6, 7), SamplingParams(temperature=0), 8)
+                                       for i in range(3)])
+            counts[setting] = loaded.runner.n_padding_tokens
+        finally:
+            loaded.close()
+    assert EngineOptions().batch_invariant == "off"
+    assert counts["off"] == 0 and counts["on"] > 0

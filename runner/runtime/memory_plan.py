@@ -30,6 +30,7 @@ class MemoryPlan:
     n_slots: int
     compute_bytes: int
     available_bytes: int
+    n_threads: int = 1  # llama.cpp's CPU threads (shown in the plan's line)
 
     @classmethod
     def for_model(cls, info: GgufInfo, options: EngineOptions, available_bytes: int | None = None) -> MemoryPlan:
@@ -50,12 +51,13 @@ class MemoryPlan:
             n_slots=options.parallel,
             compute_bytes=compute,
             available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
+            n_threads=options.threads,
         )
 
     def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
         """Target and draft model together (the draft keeps one KV sequence per slot too)."""
         return MemoryPlan(self.weights_bytes + draft.weights_bytes, self.kv_per_slot_bytes + draft.kv_per_slot_bytes,
-                          self.n_slots, self.compute_bytes + draft.compute_bytes, self.available_bytes)
+                          self.n_slots, self.compute_bytes + draft.compute_bytes, self.available_bytes, self.n_threads)
 
     @property
     def total_bytes(self) -> int:
@@ -68,7 +70,7 @@ class MemoryPlan:
     def describe(self) -> str:
         mib = lambda n: f"{n / _MIB:,.0f} MiB"  # noqa: E731
         return (
-            f"memory plan: weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot x {self.n_slots} "
+            f"memory plan ({self.n_threads} threads): weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot x {self.n_slots} "
             f"slots + compute ~{mib(self.compute_bytes)} = {mib(self.total_bytes)} "
             f"(available: {mib(self.available_bytes)})"
         )

@@ -47,6 +47,7 @@ class ModelRunner:
         self._trace_ops: list[list] = []
         self._trace_flushed_s = 0.0
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
+        self.n_padding_tokens = 0  # junk tokens decoded to keep batches invariant
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -66,6 +67,7 @@ class ModelRunner:
             if padding and padding.junk[i]:
                 first_junk = row.first_pos + len(row.token_ids)
                 batch.add(row.seq_id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
+                self.n_padding_tokens += padding.junk[i]
                 junk_rows.append((row.seq_id, first_junk))
         if padding and any(padding.extra_logits):  # extra logits rows shift the rows after them
             for start, offsets in zip(starts, padding.extra_logits):

@@ -18,6 +18,8 @@ def render_metrics(engine_thread: EngineThread) -> str:
         ("runner_generated_tokens_total", "counter", "Tokens sampled.", stats.n_generated_tokens),
         ("runner_decode_seconds_total", "counter", "Seconds spent in llama_decode.", round(stats.decode_s, 6)),
         ("runner_steps_total", "counter", "Engine steps (one llama_decode each).", stats.n_steps),
+        ("runner_padding_tokens_total", "counter", "Junk tokens decoded to keep batches invariant (--batch-invariant).",
+         getattr(engine_thread.engine.runtime, "n_padding_tokens", 0)),
         ("runner_forced_tokens_total", "counter", "Tokens a grammar forced, decoded as drafts (jump-forward).",
          stats.n_forced_tokens),
         ("runner_queue_depth", "gauge", "Requests waiting for a slot.", engine_thread.n_waiting),
