@@ -63,19 +63,44 @@ def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Const
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
         raise ConstraintError(f"{spec.param}: {matcher.get_error()}")
-    return Constraint(matcher, n_vocab)
+    return Constraint(matcher, n_vocab, (tokenizer.vocab_size + 31) // 32)
+
+
+_executor: Any = None  # llguidance's thread pool, made on first use
+
+
+def prefetch_masks(constraints: list[Constraint]) -> None:
+    """Compute the next mask of several requests at once on llguidance's thread pool, so the
+    step's serial Python does not grow by a mask per constrained slot."""
+    global _executor
+    if len(constraints) < 2:
+        return
+    import llguidance
+
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    n_words = constraints[0].n_mask_words
+    masks = np.full((len(constraints), n_words), -1, dtype=np.int32)
+    _executor.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)], masks.ctypes.data,
+                                      n_words * 4, len(constraints))
+    for constraint, mask in zip(constraints, masks):
+        constraint.next_bits = mask.view(np.uint8)
 
 
 class Constraint:
     """One request's grammar state (an llguidance LLMatcher): masks, advances, forces."""
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
-        self._matcher = matcher
+    def __init__(self, matcher: Any, n_vocab: int, n_mask_words: int) -> None:
+        self.matcher = matcher
         self._n_vocab = n_vocab
+        self.n_mask_words = n_mask_words  # 32-bit words of llguidance's token mask
+        self.next_bits: np.ndarray | None = None  # the mask for the current state, when prefetch_masks made it
 
     def allowed(self) -> np.ndarray:
         """A bool per token: may it come next?"""
-        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        bits = self.next_bits
+        if bits is None:
+            bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self._n_vocab].astype(bool)
 
     def mask_into(self, logits: np.ndarray) -> None:
@@ -83,18 +108,19 @@ class Constraint:
         logits[~self.allowed()] = -np.inf
 
     def advance(self, token_id: int) -> None:
-        if not self._matcher.consume_token(token_id):
-            raise ConstraintError(f"the grammar cannot take token {token_id}: {self._matcher.get_error()}")
+        self.next_bits = None  # it was the mask before this token
+        if not self.matcher.consume_token(token_id):
+            raise ConstraintError(f"the grammar cannot take token {token_id}: {self.matcher.get_error()}")
 
     def n_valid(self, token_ids: list[int]) -> int:
         """How many leading token_ids the grammar would take from here (drafts past that are cut)."""
-        return self._matcher.validate_tokens(token_ids) if token_ids else 0
+        return self.matcher.validate_tokens(token_ids) if token_ids else 0
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar allows as the only continuation from here (jump-forward)."""
-        return list(self._matcher.compute_ff_tokens())
+        return list(self.matcher.compute_ff_tokens())
 
     @property
     def is_done(self) -> bool:
         """Nothing but end-of-text may follow."""
-        return bool(self._matcher.is_stopped())
+        return bool(self.matcher.is_stopped())

@@ -76,3 +76,17 @@ def test_what_cannot_compile_is_a_constraint_error_naming_the_parameter(model: M
     with pytest.raises(ConstraintError, match=rf"^grammar: .*{message}" if kind in ("lark", "gbnf")
                        else rf"^response_format: .*{message}"):
         compile_(model, kind, source, "grammar" if kind in ("lark", "gbnf") else "response_format")
+
+
+def test_masks_prefetched_together_equal_the_ones_computed_alone(model: Model) -> None:
+    from runner.constraints import prefetch_masks
+
+    specs = [("json_object", ""), ("gbnf", 'root ::= "yes" | "no"'), ("lark", 'start: "a" "b"')]
+    alone = [compile_(model, kind, source, "grammar").allowed() for kind, source in specs]
+    together = [compile_(model, kind, source, "grammar") for kind, source in specs]
+    prefetch_masks(together)
+    assert all(c.next_bits is not None for c in together)
+    assert all(np.array_equal(c.allowed(), want) for c, want in zip(together, alone))
+    first = int(np.flatnonzero(together[2].allowed())[0])
+    together[2].advance(first)
+    assert together[2].next_bits is None  # a prefetched mask is for one state only

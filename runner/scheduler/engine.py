@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from runner.constraints import prefetch_masks
 from runner.scheduler.batch import BatchPlan, BatchRow
 from runner.scheduler.request import EventSink, GenerationRequest
 from runner.scheduler.scheduler import Scheduler
@@ -92,6 +93,8 @@ class Engine:
         self.stats.decode_s += self.clock() - started
         self.stats.n_steps += 1
         self._count(plan.rows)
+        prefetch_masks([seq.request.constraint for row in plan.rows if row.n_logits
+                        and (seq := row.slot.seq) is not None and seq.request.constraint is not None])
         self.scheduler.postprocess(plan, logits)
         self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
         if self.speculator is not None:
