@@ -108,3 +108,23 @@ def test_logit_bias_is_enforced_and_checked_against_the_vocabulary(app_state: Se
         assert r["choices"][0]["message"]["content"] == text  # +100: that token every time
         r = client.post("/v1/chat/completions", json={**body, "logit_bias": {"999999": 5}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize("reasoning_format", ["deepseek", "none"])
+def test_a_think_block_becomes_reasoning_content(app_state: ServerState, reasoning_format: str) -> None:
+    app_state.reasoning_format = reasoning_format
+    body = {"messages": [{"role": "user", "content": "hello"}], "temperature": 0.9, "seed": 3, "max_tokens": 40,
+            "grammar": 'root ::= "<think>" "plan " [a-c] "</think>" "answer"'}  # the reply a reasoning model writes
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        chunks = [json.loads(e) for e in sse_events(client.post("/v1/chat/completions",
+                                                                json={**body, "stream": True}).text) if e != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    streamed_reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    streamed_content = "".join(d.get("content", "") for d in deltas)
+    if reasoning_format == "none":
+        assert whole["content"].startswith("<think>plan ") and "reasoning_content" not in whole
+        assert streamed_reasoning == "" and streamed_content.endswith("</think>answer")
+    else:
+        assert whole["content"] == "answer" and whole["reasoning_content"] in ("plan a", "plan b", "plan c")
+        assert (streamed_reasoning, streamed_content) == (whole["reasoning_content"], "answer")

@@ -32,11 +32,19 @@ from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
 from runner.server.engine_thread import EngineStoppedError, EngineThread
 from runner.server.errors import ApiError, invalid
 from runner.server.event_pump import EventPump
-from runner.server.guards import (DEFAULT_MAX_BODY_BYTES, PAGE_HEADERS, HostPolicy, RequestGuard,
-                                  check_json_content_type, read_body)
+from runner.server.guards import (
+    DEFAULT_MAX_BODY_BYTES,
+    PAGE_HEADERS,
+    HostPolicy,
+    RequestGuard,
+    check_json_content_type,
+    read_body,
+)
 from runner.server.metrics import render_metrics
 from runner.server.openapi import openapi_document
 from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
+from runner.server.reasoning import OPEN as REASONING_OPEN
+from runner.server.reasoning import ReasoningSplitter
 from runner.server.responses import ResponseBuilder, sse
 
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
@@ -51,6 +59,7 @@ class ServerState:
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     stream_interval_s: float = 0.0  # see EventPump
+    reasoning_format: str = "deepseek"  # reasoning.FORMATS: <think>…</think> as reasoning_content, or inline
     hosts: HostPolicy = field(default_factory=lambda: HostPolicy.for_server("127.0.0.1"))
     cors_origins: frozenset[str] = frozenset()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -105,6 +114,14 @@ async def _constraint(state: ServerState, common: CommonParams) -> Constraint | 
         return await run_in_threadpool(state.loaded.compile_constraint, common.grammar)
     except ConstraintError as exc:
         raise invalid(str(exc), common.grammar.param, "invalid_grammar") from None
+
+
+def _reasoning(state: ServerState, prompt_ids: tuple[int, ...]) -> ReasoningSplitter | None:
+    """A splitter for a chat reply's reasoning; it starts inside when the template opened the tag."""
+    if state.reasoning_format == "none":
+        return None
+    prompt_tail = state.loaded.model.detokenize(list(prompt_ids[-4:])).rstrip()
+    return ReasoningSplitter(starts_inside=prompt_tail.endswith(REASONING_OPEN))
 
 
 def _generation_request(
@@ -234,7 +251,8 @@ def create_app(state: ServerState) -> Starlette:
         constraint = await _constraint(state, params.common)
         gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop, constraint)
         builder = ResponseBuilder("chat", gen.request_id, params.common.model or served_name,
-                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None)
+                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None,
+                                  _reasoning(state, prompt_ids))
         return await _run(state, request, gen, builder, params.common)
 
     async def completions(request: Request) -> Response:

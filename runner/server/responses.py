@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
+from runner.server.reasoning import ReasoningSplitter, split_whole
 
 TokenText = Callable[[int], bytes]
 
@@ -73,8 +74,11 @@ class CompletionLogprobs:
 class ResponseBuilder:
     """One request's response: `chunk()` per event when streaming, `whole()` at the end otherwise."""
 
-    def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool) -> None:
+    def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool,
+                 reasoning: ReasoningSplitter | None = None) -> None:
         self.is_chat = kind == "chat"
+        self.reasoning = reasoning  # chat: split <think>…</think> into reasoning_content (None: text stays inline)
+        self._starts_inside = reasoning is not None and reasoning.starts_inside
         self.request_id = request_id
         self.model = model
         self.created = int(time.time())
@@ -128,7 +132,9 @@ class ResponseBuilder:
             return None
         if self.is_chat:
             logprobs = {"content": self.chat_logprobs[n_before:]} if self.wants_logprobs else None
-            delta = {"content": event.text} if event.text or reason is None else {}
+            delta = self._delta(event.text, event.is_final, reason)
+            if not delta and reason is None and not event.logprobs:
+                return None  # all of it held back (a tag may be arriving)
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             if event.drafted:  # extension: per token of this chunk, accepted from a draft or not
                 choice["drafted"] = list(event.drafted)
@@ -144,11 +150,24 @@ class ResponseBuilder:
                 choice["drafted"] = list(event.drafted)
         return self._envelope([choice], chunk=True)
 
+    def _delta(self, text: str, is_final: bool, reason: str | None) -> dict[str, str]:
+        if self.reasoning is None:
+            return {"content": text} if text or reason is None else {}
+        reasoning, content = self.reasoning.push(text)
+        if is_final:
+            more_reasoning, more_content = self.reasoning.flush()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        delta = {"reasoning_content": reasoning} if reasoning else {}
+        if content:
+            delta["content"] = content
+        return delta
+
     def chunk_sse(self, event: StreamEvent) -> str | None:
         """`sse(chunk(event))`, with the usual chunk (text only, the stream goes on) written from a
         per-request template: building and encoding the whole envelope was a fifth of the event
         loop's CPU per streamed token."""
-        if self.wants_logprobs or event.finish_reason is not None or not event.text:
+        if (self.wants_logprobs or event.finish_reason is not None or not event.text
+                or (self.reasoning is not None and not self.reasoning.is_plain)):
             chunk = self.chunk(event)
             return None if chunk is None else sse(chunk)
         self.add(event)
@@ -166,7 +185,12 @@ class ResponseBuilder:
         reason = finish_reason_json(self.finish_reason)
         if self.is_chat:
             logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
-            message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI's spec: required, nullable
+            message: dict[str, Any] = {"role": "assistant", "content": text,
+                                       "refusal": None}  # OpenAI's spec: required, nullable
+            if self.reasoning is not None:
+                reasoning, message["content"] = split_whole(text, self._starts_inside)
+                if reasoning:
+                    message["reasoning_content"] = reasoning
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = self.completion_logprobs.json() if self.wants_logprobs else None

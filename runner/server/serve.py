@@ -11,6 +11,7 @@ from pathlib import Path
 from runner.errors import RunnerError
 from runner.options import EngineOptions, add_flags, from_args
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES
+from runner.server.reasoning import FORMATS
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
@@ -34,6 +35,10 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origins", default="", metavar="ORIGINS",
                    help="comma-separated web origins (e.g. https://app.example) whose pages may call the API; "
                         "default none: only the built-in page and programs")
+    p.add_argument("--reasoning-format", choices=FORMATS, default=FORMATS[0],
+                   help="a reply that opens with <think>...</think> (reasoning models): deepseek: that part as "
+                        "message.reasoning_content (streamed as delta.reasoning_content); none: kept inline in the "
+                        f"content (default: {FORMATS[0]})")
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 1e6, metavar="MB",
                    help="largest request body; larger ones get 413 before they are read "
                         f"(default: {DEFAULT_MAX_BODY_BYTES / 1e6:g})")
@@ -98,7 +103,8 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], key,
                         stream_interval_s=args.stream_interval / 1000,
                         hosts=HostPolicy.for_server(args.host, _names(args.allowed_hosts)),
-                        cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6))
+                        cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6),
+                        reasoning_format=args.reasoning_format)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     server = CancellingServer(config, on_exit=engine_thread.cancel_all)
