@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from runner.errors import RunnerError
+from runner.tools import Tool, ToolCall, fallback_system_prompt, template_knows_tools
 
 # Used when a model carries no template (base models): plain turns the model can continue.
 FALLBACK_TEMPLATE = (
@@ -82,6 +84,26 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn that called functions
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as chat templates expect it (arguments as objects, as Hugging Face's do)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": _arguments_object(c.arguments)}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def _raise(message: str) -> None:
@@ -112,16 +134,26 @@ class ChatTemplate:
             return cls(source, bos_token, eos_token)
         return cls(FALLBACK_TEMPLATE, bos_token, eos_token, is_fallback=True, stop=FALLBACK_STOP)
 
-    def render(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
-        """The prompt text; TemplateLimitError past render_timeout_s or MAX_RENDER_CHARS."""
+    @property
+    def knows_tools(self) -> bool:
+        return template_knows_tools(None if self.is_fallback else self.source)
+
+    def render(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[Tool] | None = None) -> str:
+        """The prompt text; TemplateLimitError past render_timeout_s or MAX_RENDER_CHARS.
+
+        Tools go to a template that knows them; otherwise they are described in a system message."""
+        if tools and not self.knows_tools:
+            messages = [Message("system", fallback_system_prompt(tools)), *messages]
+        extra = {"tools": [t.as_openai() for t in tools]} if tools and self.knows_tools else {}
         _render_budget.deadline = time.monotonic() + self.render_timeout_s
         pieces, n_chars = [], 0
         try:
             for piece in self._template.generate(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=[m.as_template_dict() for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             ):
                 n_chars += len(piece)
                 if n_chars > MAX_RENDER_CHARS:

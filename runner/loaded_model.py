@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from runner.catalog.catalog import ModelRef
 from runner.catalog.store import ModelStore
 from runner.chat_template import ChatTemplate, Message
+from runner.tools import Tool
 from runner.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.options import EngineOptions
 from runner.runtime.calibration import measure
@@ -148,26 +150,27 @@ class LoadedModel:
             raise PromptTooLongError(f"the prompt has {n_chars} characters, at least {n_min_tokens} tokens, but a "
                                      f"slot's context holds {self.options.ctx_size}; raise --ctx-size or shorten it")
 
-    def chat_prompt_ids(self, messages: list[Message]) -> tuple[int, ...]:
+    def chat_prompt_ids(self, messages: list[Message], tools: list[Tool] | None = None) -> tuple[int, ...]:
         """Render the chat template and tokenize it (specials parsed; BOS added only if missing).
 
         Only the template's own text may produce special tokens: a message that spells one (a
         user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text."""
         if any(s in m.content for m in messages for s in self.model.special_texts):
-            return self._chat_prompt_ids_with_plain_contents(messages)
-        text = self.template.render(messages)
+            return self._chat_prompt_ids_with_plain_contents(messages, tools)
+        text = self.template.render(messages, tools=tools)
         return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
 
     def _adds_bos(self, text: str) -> bool:
         bos = self.template.bos_token
         return not (bos and text.startswith(bos))
 
-    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message]) -> tuple[int, ...]:
+    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message],
+                                             tools: list[Tool] | None = None) -> tuple[int, ...]:
         """The template rendered around placeholders; its text parsed for specials, contents not.
 
         NOTE: a template that rewrites contents (strip, split) sees the placeholders instead."""
-        marked = self.template.render([Message(m.role, f"{CONTENT_MARK}{i}{CONTENT_MARK}")
-                                       for i, m in enumerate(messages)])
+        marked = self.template.render([dataclasses.replace(m, content=f"{CONTENT_MARK}{i}{CONTENT_MARK}")
+                                       for i, m in enumerate(messages)], tools=tools)
         parts = marked.split(CONTENT_MARK)  # template text, content index, template text, ...
         ids = self.model.tokenize("", add_special=self._adds_bos(marked), parse_special=True)  # BOS, if any
         for j, part in enumerate(parts):

@@ -22,7 +22,8 @@ ALLOWED = {
     "server": {"base", "runtime", "scheduler", "speculation", "catalog", "root"},
     "cli": {"base", "runtime", "scheduler", "speculation", "catalog", "root", "server"},
 }
-BASE = {"runner.errors", "runner.sampling", "runner.options", "runner.chat_template", "runner.constraints"}
+BASE = {"runner.errors", "runner.sampling", "runner.options", "runner.chat_template", "runner.constraints",
+        "runner.tools"}
 ROOT = {"runner", "runner.api", "runner.loaded_model"}
 
 

@@ -76,7 +76,6 @@ def test_a_completion_prompt_may_be_token_ids_or_one_string() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "required"),
     ("functions", [{"name": "f"}]), ("best_of", 3), ("echo", True), ("suffix", "end"),
 ])
 def test_parameters_not_done_here_are_refused_by_name(field: str, value: object) -> None:
@@ -131,4 +130,38 @@ def test_response_format_and_grammar_become_a_grammar_spec() -> None:
 def test_bad_response_formats_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as caught:
         grammar_of(body)
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_tools_and_tool_messages_become_plain_params() -> None:
+    params = parse_chat({"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+        "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False})
+    assert [t.name for t in params.tools] == ["get_weather"] and params.tool_choice == "get_weather"
+    assert params.parallel_tool_calls is False
+    assert params.messages[1].tool_calls[0].arguments == '{"city": "Oslo"}'
+    assert params.messages[2].tool_call_id == "call_1"
+    assert parse_chat({"messages": MSG, "tools": [TOOL]}).tool_choice == "auto"
+    assert parse_chat({"messages": MSG}).tool_choice == "none"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tools"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+])
+def test_bad_tools_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"messages": MSG, **body})
     assert (caught.value.status, caught.value.param) == (400, param)

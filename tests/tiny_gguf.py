@@ -28,9 +28,10 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool = True,
+def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
                     extra_tokens: tuple[str, ...] = (), perturb: float = 0.0) -> Path:
-    """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model."""
+    """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
+    chat_template: True for ChatML, or a template's source."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens)
@@ -59,7 +60,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     if chat_template:
-        w.add_chat_template(CHATML)
+        w.add_chat_template(CHATML if chat_template is True else chat_template)
 
     def tensor(name: str, *shape: int, scale: float = 0.3) -> None:
         weights = rng.standard_normal(shape) * scale

@@ -25,7 +25,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError, TemplateLimitError
-from runner.constraints import Constraint, ConstraintError
+from runner.constraints import JSON_LAYOUT, Constraint, ConstraintError, GrammarSpec
+from runner.tools import HERMES, ToolReading, call_grammar, syntax_of
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
@@ -242,17 +243,27 @@ def create_app(state: ServerState) -> Starlette:
         params = parse_chat(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
         _check_fits(state, sum(len(m.content) for m in params.messages), "messages")
+        tools = list(params.tools) if params.tool_choice != "none" else []
         try:
-            prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages)
+            prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages, tools or None)
         except TemplateLimitError as exc:  # the model's template, not the request, is at fault
             raise ApiError(500, str(exc), "server_error", code="template_limit") from None
         except TemplateError as exc:
             raise invalid(str(exc), "messages", "invalid_messages") from None
-        constraint = await _constraint(state, params.common)
-        gen = _generation_request(state, "chatcmpl", prompt_ids, params.common, loaded.template.stop, constraint)
-        builder = ResponseBuilder("chat", gen.request_id, params.common.model or served_name,
-                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None,
-                                  _reasoning(state, prompt_ids))
+        reading, common = None, params.common
+        if tools:
+            reading = ToolReading(syntax_of(loaded.template.source) if loaded.template.knows_tools else HERMES,
+                                  tuple(tools))
+            if params.tool_choice != "auto":  # required, or a named function: the reply is a call
+                offered = tools if params.tool_choice == "required" else [t for t in tools
+                                                                          if t.name == params.tool_choice]
+                grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
+                common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
+        constraint = await _constraint(state, common)
+        gen = _generation_request(state, "chatcmpl", prompt_ids, common, loaded.template.stop, constraint)
+        builder = ResponseBuilder("chat", gen.request_id, common.model or served_name,
+                                  loaded.model.token_bytes, common.n_top_logprobs is not None,
+                                  _reasoning(state, prompt_ids), reading)
         return await _run(state, request, gen, builder, params.common)
 
     async def completions(request: Request) -> Response:

@@ -35,6 +35,14 @@ STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "strin
 STREAM_OPTIONS = _object({"include_usage": protocol.INCLUDE_USAGE.schema()}, [], extra=True)
 PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
+TOOLS = {"type": "array", "items": _object({
+    "type": {"type": "string", "enum": ["function"]},
+    "function": _object({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                         "description": {"type": "string"}, "parameters": {"type": "object"}}, ["name"], extra=True)},
+    ["type", "function"])}
+TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                         _object({"type": {"type": "string", "enum": ["function"]},
+                                  "function": _object({"name": {"type": "string"}}, ["name"])}, ["type", "function"])]}
 USAGE = _object({
     "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
     "total_tokens": {"type": "integer"},
@@ -50,10 +58,14 @@ CHAT_COMPLETION = _object({
     "choices": {"type": "array", "minItems": 1, "items": _object({
         "index": {"type": "integer"},
         "message": _object({"role": {"type": "string", "enum": ["assistant"]},
-                            "content": _nullable({"type": "string"}), "refusal": _nullable({"type": "string"})},
+                            "content": _nullable({"type": "string"}), "refusal": _nullable({"type": "string"}),
+                            "tool_calls": {"type": "array", "items": _object({
+                                "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+                                "function": _object({"name": {"type": "string"}, "arguments": {"type": "string"}},
+                                                    ["name", "arguments"])}, ["id", "type", "function"])}},
                            ["role", "content", "refusal"], extra=True),
         "logprobs": _nullable({"type": "object"}),
-        "finish_reason": {"type": "string", "enum": FINISH_REASONS},
+        "finish_reason": {"type": "string", "enum": [*FINISH_REASONS, "tool_calls"]},
     }, ["index", "message", "finish_reason"], extra=True)},
     "usage": USAGE,
 }, ["id", "object", "created", "model", "choices", "usage"], extra=True)
@@ -96,7 +108,8 @@ def openapi_document(needs_key: bool) -> dict[str, Any]:
     get_errors = ["403"] + (["401"] if needs_key else [])
     chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
                   "stream_options": STREAM_OPTIONS, "logit_bias": protocol.LOGIT_BIAS_SCHEMA,
-                  "response_format": protocol.RESPONSE_FORMAT_SCHEMA, "grammar": protocol.GRAMMAR_FIELD.schema()}
+                  "response_format": protocol.RESPONSE_FORMAT_SCHEMA, "grammar": protocol.GRAMMAR_FIELD.schema(),
+                  "tools": TOOLS, "tool_choice": TOOL_CHOICE, "parallel_tool_calls": {"type": "boolean"}}
     completion_extra = {"prompt": PROMPT, "stop": STOP, "stream_options": STREAM_OPTIONS,
                         "logit_bias": protocol.LOGIT_BIAS_SCHEMA, "response_format": protocol.RESPONSE_FORMAT_SCHEMA,
                         "grammar": protocol.GRAMMAR_FIELD.schema()}

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from runner.chat_template import ROLES, Message
 from runner.constraints import GrammarSpec
+from runner.tools import Tool, ToolCall
 from runner.sampling import SamplingParams
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import MAX_JSON_DEPTH, check_json_value
@@ -36,6 +38,9 @@ class CommonParams:
 class ChatParams:
     common: CommonParams
     messages: list[Message]
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"  # "auto", "none", "required", or the name of the function to call
+    parallel_tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,7 @@ COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS)
 # OpenAI parameters not done here (yet): refused by name instead of silently ignored, unless the
 # value asks for nothing (tool_choice "none", an empty logit_bias, response_format text, ...)
 NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": lambda v: v == [], "tool_choice": lambda v: v == "none", "functions": lambda v: v == [],
-    "function_call": lambda v: v == "none", "parallel_tool_calls": lambda v: isinstance(v, bool),
+    "functions": lambda v: v == [], "function_call": lambda v: v == "none",
     "best_of": lambda v: v == 1, "echo": lambda v: v is False, "suffix": lambda v: v == "",
 }
 
@@ -283,8 +287,81 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
         role = m.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {json.dumps(role)}", f"messages[{i}].role")
-        parsed.append(Message("system" if role == "developer" else role, _content(m.get("content"), i, role)))
-    return ChatParams(_common(body, logprobs_key_is_int=False), parsed)
+        content = _content(m.get("content"), i, role)
+        tool_calls = _message_tool_calls(m.get("tool_calls"), i) if role == "assistant" else ()
+        tool_call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(tool_call_id, str):
+            raise invalid(f"messages[{i}]: a tool message needs its 'tool_call_id'", f"messages[{i}].tool_call_id")
+        parsed.append(Message("system" if role == "developer" else role, content, tool_calls,
+                              tool_call_id if role == "tool" else None))
+    common = _common(body, logprobs_key_is_int=False)
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    if tools and choice != "none" and common.grammar is not None:
+        raise invalid("give response_format or tools, not both", "tools")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls", "invalid_type")
+    return ChatParams(common, parsed, tools, choice, parallel)
+
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _tools(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid("'tools' must be a list of function tools", "tools", "invalid_type")
+    tools = []
+    for i, item in enumerate(value):
+        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise invalid(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}", f"tools[{i}]")
+        name, params = fn.get("name"), fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise invalid(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -", f"tools[{i}].function.name")
+        if not isinstance(params, dict):
+            raise invalid(f"tools[{i}].function.parameters must be a JSON schema object",
+                          f"tools[{i}].function.parameters", "invalid_type")
+        description = fn.get("description", "")
+        tools.append(Tool(name, description if isinstance(description, str) else "", params))
+    if len({t.name for t in tools}) < len(tools):
+        raise invalid("'tools' names a function twice", "tools")
+    return tuple(tools)
+
+
+def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
+    if value is None:
+        return "auto" if tools else "none"
+    if value in ("auto", "none", "required"):
+        choice = value
+    elif isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
+        choice = value["function"].get("name")
+        if choice not in {t.name for t in tools}:
+            raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
+    else:
+        raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", ...}", "tool_choice")
+    if choice != "none" and not tools:
+        raise invalid(f"tool_choice {json.dumps(value)} needs 'tools'", "tool_choice")
+    return choice
+
+
+def _message_tool_calls(value: Any, index: int) -> tuple[ToolCall, ...]:
+    if value is None:
+        return ()
+    param = f"messages[{index}].tool_calls"
+    if not isinstance(value, list):
+        raise invalid(f"'{param}' must be a list", param, "invalid_type")
+    calls = []
+    for call in value:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise invalid(f"each of {param} needs a function with a name", param)
+        arguments = fn.get("arguments", "{}")
+        calls.append(ToolCall(str(call.get("id", "")), fn["name"],
+                              arguments if isinstance(arguments, str) else json.dumps(arguments)))
+    return tuple(calls)
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionParams:

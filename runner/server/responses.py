@@ -10,6 +10,7 @@ from typing import Any
 
 from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
 from runner.server.reasoning import ReasoningSplitter, split_whole
+from runner.tools import ToolReading
 
 TokenText = Callable[[int], bytes]
 
@@ -75,8 +76,9 @@ class ResponseBuilder:
     """One request's response: `chunk()` per event when streaming, `whole()` at the end otherwise."""
 
     def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool,
-                 reasoning: ReasoningSplitter | None = None) -> None:
+                 reasoning: ReasoningSplitter | None = None, tools: ToolReading | None = None) -> None:
         self.is_chat = kind == "chat"
+        self.tools = tools  # chat with tools: the reply is read for calls once whole (streamed: sent at the end)
         self.reasoning = reasoning  # chat: split <think>…</think> into reasoning_content (None: text stays inline)
         self._starts_inside = reasoning is not None and reasoning.starts_inside
         self.request_id = request_id
@@ -166,6 +168,8 @@ class ResponseBuilder:
         """`sse(chunk(event))`, with the usual chunk (text only, the stream goes on) written from a
         per-request template: building and encoding the whole envelope was a fifth of the event
         loop's CPU per streamed token."""
+        if self.tools is not None:
+            return self._tool_chunks_sse(event)
         if (self.wants_logprobs or event.finish_reason is not None or not event.text
                 or (self.reasoning is not None and not self.reasoning.is_plain)):
             chunk = self.chunk(event)
@@ -173,6 +177,32 @@ class ResponseBuilder:
         self.add(event)
         drafted = f', "drafted": {json.dumps(list(event.drafted))}' if event.drafted else ""
         return self._text_head + json.dumps(event.text, ensure_ascii=False) + self._text_tail + drafted + "}]}\n\n"
+
+    def _tool_chunks_sse(self, event: StreamEvent) -> str | None:
+        """With tools, the reply is held until it ends, then sent as calls (the first fragment of each
+        with its id, type and name, the next with its arguments) or as text."""
+        self.add(event)
+        if not event.is_final:
+            return None
+        assert self.tools is not None
+        content, calls = self.tools.parse("".join(self.text_parts))
+        reason = finish_reason_json(self.finish_reason)
+        deltas: list[dict[str, Any]] = []
+        if calls:
+            reason = "tool_calls" if reason == "stop" else reason
+            if content:
+                deltas.append({"content": content})
+            for i, call in enumerate(calls):
+                deltas.append({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                               "function": {"name": call.name, "arguments": ""}}]})
+                deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
+        elif content:
+            deltas.append({"content": content})
+        chunks = [self._envelope([{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
+                  for d in deltas]
+        chunks.append(self._envelope([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
+                                     chunk=True))
+        return "".join(sse(c) for c in chunks)
 
     def usage_chunk(self) -> dict[str, Any]:
         assert self.usage is not None
@@ -187,10 +217,17 @@ class ResponseBuilder:
             logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
             message: dict[str, Any] = {"role": "assistant", "content": text,
                                        "refusal": None}  # OpenAI's spec: required, nullable
-            if self.reasoning is not None:
+            if self.reasoning is not None and self.tools is None:
                 reasoning, message["content"] = split_whole(text, self._starts_inside)
                 if reasoning:
                     message["reasoning_content"] = reasoning
+            if self.tools is not None:
+                content, calls = self.tools.parse(text)
+                if calls:
+                    message["content"] = content or None
+                    message["tool_calls"] = [{"id": c.id, "type": "function",
+                                              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+                    reason = "tool_calls" if reason == "stop" else reason
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = self.completion_logprobs.json() if self.wants_logprobs else None

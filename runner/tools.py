@@ -1,0 +1,134 @@
+"""Function calling: the tools a request offers, how its model writes a call, and reading calls back.
+
+A model family writes calls in its own syntax, recognized from its chat template:
+- Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (one block per call);
+- Llama 3.x: a bare JSON object `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`;
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+A template that knows no tools gets them described in a system message and is asked for the
+Hermes syntax (the fallback format, documented in the README). With tool_choice "required" or a
+named function the reply is constrained to a call whose arguments follow the function's schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
+FALLBACK_PROMPT = (
+    "You can call these functions. To call one, reply with only\n"
+    '<tool_call>{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}</tool_call>\n'
+    "Functions:\n{functions}"
+)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON schema for the arguments object
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def syntax_of(template_source: str | None) -> str:
+    """Which call syntax a chat template teaches its model (Hermes when it shows none)."""
+    source = template_source or ""
+    if "[TOOL_CALLS]" in source:
+        return MISTRAL
+    if "<|python_tag|>" in source or "ipython" in source:
+        return LLAMA3
+    return HERMES
+
+
+def template_knows_tools(template_source: str | None) -> bool:
+    return bool(template_source) and "tools" in template_source  # type: ignore[operator]
+
+
+def fallback_system_prompt(tools: list[Tool]) -> str:
+    lines = [json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}) for t in tools]
+    return FALLBACK_PROMPT.format(functions="\n".join(lines))
+
+
+def _call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
+    options = [{"type": "object", "properties": {"name": {"const": t.name}, arguments_key: t.parameters or {"type": "object"}},
+                "required": ["name", arguments_key], "additionalProperties": False} for t in tools]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None) -> str:
+    """A Lark grammar (llguidance) for a reply that is only calls to these tools (json_layout: the
+    JSON compiler's options, e.g. no free whitespace)."""
+    key = "parameters" if syntax == LLAMA3 else "arguments"
+    schema = json.dumps({**_call_schema(tools, key), **({"x-guidance": json_layout} if json_layout else {})})
+    if syntax == MISTRAL:
+        more = ' ("," " " call)*' if parallel else ""
+        return f'start: "[TOOL_CALLS]" "[" call{more} "]"\ncall: %json {schema}\n'
+    if syntax == LLAMA3:
+        return f"start: call\ncall: %json {schema}\n"
+    repeat = "+" if parallel else ""
+    return f'start: block{repeat}\nblock: "<tool_call>" call "</tool_call>"\ncall: %json {schema}\n'
+
+
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def _calls_from(objects: list[Any], arguments_key: str, names: set[str]) -> list[ToolCall]:
+    calls = []
+    for obj in objects:
+        if not isinstance(obj, dict) or obj.get("name") not in names:
+            return []
+        arguments = obj.get(arguments_key, obj.get("arguments", {}))
+        calls.append(ToolCall(new_call_id(), obj["name"], json.dumps(arguments, ensure_ascii=False)))
+    return calls
+
+
+def parse_calls(syntax: str, text: str, tools: list[Tool]) -> tuple[str, list[ToolCall]]:
+    """The reply's calls (to tools it was offered) and the text outside them; no calls: (text, [])."""
+    names = {t.name for t in tools}
+    stripped = text.strip()
+    try:
+        if syntax == MISTRAL and stripped.startswith("[TOOL_CALLS]"):
+            calls = _calls_from(json.loads(stripped.removeprefix("[TOOL_CALLS]")), "arguments", names)
+            return ("", calls) if calls else (text, [])
+        if syntax == LLAMA3:
+            body = stripped.removeprefix("<|python_tag|>").strip()
+            if body.startswith("{"):
+                calls = _calls_from([json.loads(body)], "parameters", names)
+                return ("", calls) if calls else (text, [])
+            return text, []
+        blocks = _HERMES_BLOCK.findall(text)
+        if blocks:
+            calls = _calls_from([json.loads(b) for b in blocks], "arguments", names)
+            if calls:
+                return _HERMES_BLOCK.sub("", text).strip(), calls
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        pass
+    return text, []
+
+
+@dataclass(frozen=True)
+class ToolReading:
+    """How to read one reply's calls: the model's syntax and the tools it was offered."""
+
+    syntax: str
+    tools: tuple[Tool, ...]
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        return parse_calls(self.syntax, text, list(self.tools))
