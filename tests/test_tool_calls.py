@@ -96,3 +96,18 @@ def test_a_follow_up_turn_with_the_tools_result(client: openai.OpenAI) -> None:
 def test_bad_tools_are_a_400_naming_the_field(server: ServerProcess, body: dict, param: str) -> None:
     r = server.post("/v1/chat/completions", json={"messages": ASK, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_instructor_gets_its_model_back_through_tool_calls(server: ServerProcess) -> None:
+    import instructor
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+
+    client = instructor.from_openai(openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0),
+                                    mode=instructor.Mode.TOOLS)
+    city = client.chat.completions.create(model=MODEL, response_model=City, max_retries=0, temperature=0,
+                                          max_tokens=80, messages=[{"role": "user", "content": "Name a city."}])
+    assert isinstance(city, City) and city.name and city.country
