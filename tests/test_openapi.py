@@ -39,7 +39,7 @@ def app(tiny_gguf: Path) -> Iterator[object]:
         if scope["type"] != "lifespan":
             await application(scope, receive, send)
             return
-        while (message := await receive())["type"] != "lifespan.shutdown":
+        while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import httpx

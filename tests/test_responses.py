@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
@@ -37,3 +39,25 @@ def test_a_whole_chat_reply_has_the_fields_openais_spec_requires() -> None:
                                               "refusal": None}
     assert "system_fingerprint" not in whole  # a string or absent, never null
     assert "system_fingerprint" not in builder.chunk(EVENTS[0])
+
+
+def test_calls_are_read_after_the_reasoning() -> None:
+    from runner.server.reasoning import ReasoningSplitter
+    from runner.tools import HERMES, Tool, ToolReading
+
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    text = '<think>I should add.</think><tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    for streamed in (False, True):
+        builder = ResponseBuilder("chat", "r1", "smol", lambda t: b"?", False, ReasoningSplitter(), reading)
+        event = StreamEvent("r1", text, (1,), (False,), finish_reason=FinishReason.STOP, usage=Usage(3, 1, 0, 0, 0))
+        if streamed:
+            chunks = [json.loads(line[6:]) for line in builder.chunk_sse(event).split("\n\n") if line]
+            deltas = [c["choices"][0]["delta"] for c in chunks]
+            assert deltas[0] == {"reasoning_content": "I should add."}
+            assert deltas[1]["tool_calls"][0]["function"]["name"] == "add"
+            assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        else:
+            builder.add(event)
+            message = builder.whole()["choices"][0]["message"]
+            assert message["reasoning_content"] == "I should add." and message["content"] is None
+            assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 1}

@@ -185,9 +185,10 @@ class ResponseBuilder:
         if not event.is_final:
             return None
         assert self.tools is not None
-        content, calls = self.tools.parse("".join(self.text_parts))
+        reasoning, text = self._split_reasoning("".join(self.text_parts))
+        content, calls = self.tools.parse(text)
         reason = finish_reason_json(self.finish_reason)
-        deltas: list[dict[str, Any]] = []
+        deltas: list[dict[str, Any]] = [{"reasoning_content": reasoning}] if reasoning else []
         if calls:
             reason = "tool_calls" if reason == "stop" else reason
             if content:
@@ -204,6 +205,10 @@ class ResponseBuilder:
                                      chunk=True))
         return "".join(sse(c) for c in chunks)
 
+    def _split_reasoning(self, text: str) -> tuple[str, str]:
+        """(reasoning, the rest) of a whole reply; calls are read from the rest only."""
+        return split_whole(text, self._starts_inside) if self.reasoning is not None else ("", text)
+
     def usage_chunk(self) -> dict[str, Any]:
         assert self.usage is not None
         return {**self._envelope([], chunk=True), "usage": usage_json(self.usage)}
@@ -217,12 +222,11 @@ class ResponseBuilder:
             logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
             message: dict[str, Any] = {"role": "assistant", "content": text,
                                        "refusal": None}  # OpenAI's spec: required, nullable
-            if self.reasoning is not None and self.tools is None:
-                reasoning, message["content"] = split_whole(text, self._starts_inside)
-                if reasoning:
-                    message["reasoning_content"] = reasoning
+            reasoning, message["content"] = self._split_reasoning(text)
+            if reasoning:
+                message["reasoning_content"] = reasoning
             if self.tools is not None:
-                content, calls = self.tools.parse(text)
+                content, calls = self.tools.parse(message["content"])
                 if calls:
                     message["content"] = content or None
                     message["tool_calls"] = [{"id": c.id, "type": "function",
