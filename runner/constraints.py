@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,10 +70,11 @@ def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Const
 _executor: Any = None  # llguidance's thread pool, made on first use
 
 
-def prefetch_masks(constraints: list[Constraint]) -> None:
+def prefetch_masks(constraints: list[Constraint | LazyConstraint]) -> None:
     """Compute the next mask of several requests at once on llguidance's thread pool, so the
     step's serial Python does not grow by a mask per constrained slot."""
     global _executor
+    constraints = [c.current for c in constraints]
     if len(constraints) < 2:
         return
     import llguidance
@@ -116,6 +118,15 @@ class Constraint:
         """How many leading token_ids the grammar would take from here (drafts past that are cut)."""
         return self.matcher.validate_tokens(token_ids) if token_ids else 0
 
+    @property
+    def is_active(self) -> bool:
+        return True
+
+    @property
+    def current(self) -> Constraint:
+        """The matcher-backed constraint in force (itself; a LazyConstraint's once triggered)."""
+        return self
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar allows as the only continuation from here (jump-forward)."""
         return list(self.matcher.compute_ff_tokens())
@@ -124,3 +135,67 @@ class Constraint:
     def is_done(self) -> bool:
         """Nothing but end-of-text may follow."""
         return bool(self.matcher.is_stopped())
+
+
+class LazyConstraint:
+    """A grammar that starts where the reply starts a trigger (a tool call, with tool_choice auto):
+    before it nothing is masked, so text replies are not slowed; from the token the trigger begins
+    at, the grammar takes every token. A trigger that begins inside a token, or text the grammar
+    refuses, leaves the reply unconstrained (it is still read for calls when it ends)."""
+
+    def __init__(self, trigger: str, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes]) -> None:
+        self._trigger = trigger.encode()
+        self._make = make
+        self._token_bytes = token_bytes
+        self._text = b""
+        self._starts: list[int] = []  # byte offset of each committed token in _text
+        self._ids: list[int] = []
+        self.active: Constraint | None = None
+        self._gave_up = False
+
+    @property
+    def is_active(self) -> bool:
+        return self.active is not None
+
+    @property
+    def current(self) -> Constraint:
+        assert self.active is not None
+        return self.active
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        if self.active is not None:
+            self.active.mask_into(logits)
+
+    def advance(self, token_id: int) -> None:
+        if self.active is not None:
+            self.active.advance(token_id)
+            return
+        if self._gave_up:
+            return
+        self._starts.append(len(self._text))
+        self._ids.append(token_id)
+        self._text += self._token_bytes(token_id)
+        at = self._text.find(self._trigger)
+        if at < 0:
+            return
+        if at not in self._starts:
+            self._gave_up = True
+            return
+        constraint = self._make()
+        try:
+            for t in self._ids[self._starts.index(at):]:
+                constraint.advance(t)
+        except ConstraintError:
+            self._gave_up = True
+            return
+        self.active = constraint
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return self.active.forced_tokens() if self.active is not None else []
+
+    @property
+    def is_done(self) -> bool:
+        return self.active is not None and self.active.is_done

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
+# where a call begins in each syntax: with tool_choice auto the grammar takes over from there
+TRIGGERS = {HERMES: "<tool_call>", LLAMA3: '{"name"', MISTRAL: "[TOOL_CALLS]"}
 FALLBACK_PROMPT = (
     "You can call these functions. To call one, reply with only\n"
     '<tool_call>{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}</tool_call>\n'

@@ -90,3 +90,32 @@ def test_masks_prefetched_together_equal_the_ones_computed_alone(model: Model) -
     first = int(np.flatnonzero(together[2].allowed())[0])
     together[2].advance(first)
     assert together[2].next_bits is None  # a prefetched mask is for one state only
+
+
+def test_a_lazy_grammar_masks_nothing_until_its_trigger_then_everything(model: Model) -> None:
+    from runner.constraints import LazyConstraint
+
+    make = lambda: compile_(model, "lark", 'start: "<tool_call>" /[a-z]+/ "</tool_call>"', "tools")  # noqa: E731
+    lazy = LazyConstraint("<tool_call>", make, model.token_bytes)
+    for t in model.tokenize("Sure, ", add_special=False, parse_special=False):
+        logits = np.zeros(model.n_vocab, dtype=np.float32)
+        lazy.mask_into(logits)
+        assert not np.isinf(logits).any() and lazy.n_valid([t, t]) == 2  # text: nothing masked or cut
+        lazy.advance(t)
+    assert not lazy.is_active
+    for t in model.tokenize("<tool_call>", add_special=False, parse_special=False):
+        lazy.advance(t)
+    assert lazy.is_active  # from here only the call's grammar
+    allowed = lazy.current.allowed()
+    assert all(text_of(model, [int(t)]).isalpha() for t in np.flatnonzero(allowed))
+
+
+def test_a_lazy_grammar_whose_trigger_starts_inside_a_token_gives_up(model: Model) -> None:
+    from runner.constraints import LazyConstraint
+
+    make = lambda: compile_(model, "lark", 'start: "he"', "tools")  # noqa: E731
+    lazy = LazyConstraint("e", make, model.token_bytes)
+    he = model.tokenize("he", add_special=False, parse_special=False)
+    assert len(he) == 1  # "he" is one token of the tiny vocabulary: "e" starts inside it
+    lazy.advance(he[0])
+    assert not lazy.is_active and lazy.n_valid([1, 2]) == 2

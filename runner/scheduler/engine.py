@@ -94,7 +94,8 @@ class Engine:
         self.stats.n_steps += 1
         self._count(plan.rows)
         prefetch_masks([seq.request.constraint for row in plan.rows if row.n_logits
-                        and (seq := row.slot.seq) is not None and seq.request.constraint is not None])
+                        and (seq := row.slot.seq) is not None and seq.request.constraint is not None
+                        and seq.request.constraint.is_active])
         self.scheduler.postprocess(plan, logits)
         self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
         if self.speculator is not None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.constraints import Constraint
+from runner.constraints import Constraint, LazyConstraint
 from runner.options import DEFAULT_MAX_TOKENS
 from runner.sampling import SamplingParams
 
@@ -28,7 +28,7 @@ class GenerationRequest:
     n_top_logprobs: int | None = None  # None: no logprobs; 0: only the chosen token's
     ignore_eos: bool = False
     speculate: bool = True  # False: never draft for this request, whatever the server's --spec
-    constraint: Constraint | None = None  # the reply must follow this grammar (a fresh one per request)
+    constraint: Constraint | LazyConstraint | None = None  # the reply must follow this grammar (fresh per request)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError, TemplateLimitError
-from runner.constraints import JSON_LAYOUT, Constraint, ConstraintError, GrammarSpec
-from runner.tools import HERMES, ToolReading, call_grammar, syntax_of
+from runner.constraints import JSON_LAYOUT, Constraint, ConstraintError, GrammarSpec, LazyConstraint
+from runner.tools import HERMES, TRIGGERS, ToolReading, call_grammar, syntax_of
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
@@ -127,7 +127,7 @@ def _reasoning(state: ServerState, prompt_ids: tuple[int, ...]) -> ReasoningSpli
 
 def _generation_request(
     state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
-    constraint: Constraint | None = None,
+    constraint: Constraint | LazyConstraint | None = None,
 ) -> GenerationRequest:
     n_vocab = state.loaded.model.n_vocab
     if any(t < 0 or t >= n_vocab for t in prompt_ids):
@@ -254,12 +254,16 @@ def create_app(state: ServerState) -> Starlette:
         if tools:
             reading = ToolReading(syntax_of(loaded.template.source) if loaded.template.knows_tools else HERMES,
                                   tuple(tools))
-            if params.tool_choice != "auto":  # required, or a named function: the reply is a call
-                offered = tools if params.tool_choice == "required" else [t for t in tools
-                                                                          if t.name == params.tool_choice]
-                grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
-                common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
+            # required or a named function: the reply is a call; auto: a call once the reply starts one
+            offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
+            grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
+            common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
         constraint = await _constraint(state, common)
+        if tools and params.tool_choice == "auto" and constraint is not None:
+            spec = common.grammar
+            assert spec is not None
+            constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
+                                        loaded.model.token_bytes)
         gen = _generation_request(state, "chatcmpl", prompt_ids, common, loaded.template.stop, constraint)
         builder = ResponseBuilder("chat", gen.request_id, common.model or served_name,
                                   loaded.model.token_bytes, common.n_top_logprobs is not None,
