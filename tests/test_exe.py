@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -76,6 +77,11 @@ def test_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, args: tuple[st
         chat = httpx.post(url + "/v1/chat/completions", timeout=60,
                           json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] >= 1
+        structured = httpx.post(url + "/v1/chat/completions", timeout=60, json={  # llguidance travels in the exe
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0,
+            "response_format": {"type": "json_object"}})
+        assert structured.status_code == 200, structured.text
+        assert isinstance(json.loads(structured.json()["choices"][0]["message"]["content"]), dict)
         page = httpx.get(url + "/", timeout=10)
         assert page.status_code == 200 and "/webui/app.js" in page.text
         assert httpx.get(url + "/webui/app.js", timeout=10).status_code == 200
