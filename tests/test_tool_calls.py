@@ -34,8 +34,10 @@ def server(smollm2_path: Path, model_cache: Path):
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", _strict_response_validation=True, max_retries=0)
+def client(server: ServerProcess):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", _strict_response_validation=True,
+                       max_retries=0) as c:  # closes its connections at the end of the module
+        yield c
 
 
 def schema_of(name: str) -> dict:
@@ -106,8 +108,8 @@ def test_instructor_gets_its_model_back_through_tool_calls(server: ServerProcess
         name: str
         country: str
 
-    client = instructor.from_openai(openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0),
-                                    mode=instructor.Mode.TOOLS)
-    city = client.chat.completions.create(model=MODEL, response_model=City, max_retries=0, temperature=0,
-                                          max_tokens=80, messages=[{"role": "user", "content": "Name a city."}])
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as raw:
+        client = instructor.from_openai(raw, mode=instructor.Mode.TOOLS)
+        city = client.chat.completions.create(model=MODEL, response_model=City, max_retries=0, temperature=0,
+                                              max_tokens=80, messages=[{"role": "user", "content": "Name a city."}])
     assert isinstance(city, City) and city.name and city.country

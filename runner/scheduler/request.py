@@ -63,6 +63,7 @@ class StreamEvent:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: str | None = None
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
 
     @property
     def is_final(self) -> bool:

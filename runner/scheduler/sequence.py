@@ -103,5 +103,5 @@ class Sequence:
         self.sink(StreamEvent(
             self.request_id, text,
             last.token_ids if last else (), last.drafted if last else (), last.logprobs if last else (),
-            reason, self.usage, error,
+            reason, self.usage, error, self.detokenizer.stop_hit,
         ))

@@ -43,7 +43,8 @@ from runner.server.guards import (
 )
 from runner.server.metrics import render_metrics
 from runner.server.openapi import openapi_document
-from runner.server.protocol import CommonParams, check_model, parse_chat, parse_completion, parse_json
+from runner.server import anthropic
+from runner.server.protocol import ChatParams, CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.responses import ResponseBuilder, sse
@@ -80,24 +81,69 @@ class ServerState:
             self.loaded.close()
 
 
-async def _api_body(state: ServerState, request: Request) -> dict[str, Any]:
-    """An API request's JSON body, after its key, content type and size were checked."""
+async def _api_body(state: ServerState, request: Request, key: str | None = None) -> dict[str, Any]:
+    """An API request's JSON body, after its key (given, else the Bearer header), content type and size were checked."""
     if state.is_closed:  # shutting down: the model may already be freed
         raise ApiError(503, "The server is shutting down", "server_error", code="shutting_down")
-    _check_auth(state, request)
+    _check_auth(state, request, key)
     check_json_content_type(request)
     return parse_json(await read_body(request, state.max_body_bytes))
 
 
-def _check_auth(state: ServerState, request: Request) -> None:
+def _check_auth(state: ServerState, request: Request, given: str | None = None) -> None:
+    """The request's key: `given` (another dialect's header, e.g. x-api-key), else the Bearer header."""
     if state.api_key is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    key = given
+    if key is None:
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        key = bearer if scheme.lower() == "bearer" and bearer else None
+    if not key:
         raise ApiError(401, "Missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
     if not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat turn made ready for the engine, whichever dialect asked for it."""
+
+    gen: GenerationRequest
+    common: CommonParams  # the request's parameters, with the tools' grammar where they need one
+    reading: ToolReading | None  # how to read tool calls back from the reply (None: no tools)
+
+
+async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
+                        tokenize_only: bool = False) -> ChatRequest:
+    """Template and tokenize the messages (with the tools), compile the reply's grammar: the same
+    path for every dialect's chat endpoint."""
+    loaded = state.loaded
+    _check_fits(state, sum(len(m.content) for m in params.messages), "messages")
+    tools = list(params.tools) if params.tool_choice != "none" else []
+    try:
+        prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages, tools or None)
+    except TemplateLimitError as exc:  # the model's template, not the request, is at fault
+        raise ApiError(500, str(exc), "server_error", code="template_limit") from None
+    except TemplateError as exc:
+        raise invalid(str(exc), "messages", "invalid_messages") from None
+    reading, common = None, params.common
+    if tools:
+        reading = ToolReading(syntax_of(loaded.template.source) if loaded.template.knows_tools else HERMES,
+                              tuple(tools))
+        # required or a named function: the reply is a call; auto: a call once the reply starts one
+        offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
+        grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
+        common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
+    constraint = None if tokenize_only else await _constraint(state, common)
+    if tools and params.tool_choice == "auto" and constraint is not None:
+        spec = common.grammar
+        assert spec is not None and reading is not None
+        constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
+                                    loaded.model.token_bytes)
+    if tokenize_only:
+        return ChatRequest(GenerationRequest("count", prompt_ids), common, reading)
+    gen = _generation_request(state, prefix, prompt_ids, common, loaded.template.stop, constraint)
+    return ChatRequest(gen, common, reading)
 
 
 def _check_fits(state: ServerState, n_chars: int, param: str) -> None:
@@ -172,9 +218,9 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
                   include_usage: bool) -> AsyncIterator[str]:
     finished = False
     try:
-        first = builder.first_chunk()
-        if first is not None:
-            yield sse(first)
+        first = builder.stream_start()
+        if first:
+            yield first
         while not finished:
             ready = [await events.get()]
             while not events.empty():  # what arrived together leaves in one write
@@ -182,17 +228,15 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
             out = []
             for event in ready:
                 finished = event.is_final
-                if event.error is not None:  # the stream ends with the error event (no [DONE])
-                    yield "".join(out) + sse(ApiError(500, event.error, "server_error", code="generation_failed").body())
+                if event.error is not None:  # the stream ends with the error event
+                    yield "".join(out) + builder.stream_error(event.error)
                     return
                 chunk = builder.chunk_sse(event)
                 if chunk is not None:
                     out.append(chunk)
             if out:
                 yield "".join(out)
-        if include_usage and builder.usage is not None:
-            yield sse(builder.usage_chunk())
-        yield sse("[DONE]")
+        yield builder.stream_end(include_usage)
     finally:
         if not finished:  # the client went away: free its slot
             state.engine_thread.cancel(request_id)
@@ -242,33 +286,33 @@ def create_app(state: ServerState) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         params = parse_chat(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
-        _check_fits(state, sum(len(m.content) for m in params.messages), "messages")
-        tools = list(params.tools) if params.tool_choice != "none" else []
+        chat = await _chat_request(state, params, "chatcmpl")
+        builder = ResponseBuilder("chat", chat.gen.request_id, chat.common.model or served_name,
+                                  loaded.model.token_bytes, chat.common.n_top_logprobs is not None,
+                                  _reasoning(state, chat.gen.prompt_ids), chat.reading)
+        return await _run(state, request, chat.gen, builder, chat.common)
+
+    async def messages(request: Request) -> Response:
         try:
-            prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages, tools or None)
-        except TemplateLimitError as exc:  # the model's template, not the request, is at fault
-            raise ApiError(500, str(exc), "server_error", code="template_limit") from None
-        except TemplateError as exc:
-            raise invalid(str(exc), "messages", "invalid_messages") from None
-        reading, common = None, params.common
-        if tools:
-            reading = ToolReading(syntax_of(loaded.template.source) if loaded.template.knows_tools else HERMES,
-                                  tuple(tools))
-            # required or a named function: the reply is a call; auto: a call once the reply starts one
-            offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
-            grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
-            common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
-        constraint = await _constraint(state, common)
-        if tools and params.tool_choice == "auto" and constraint is not None:
-            spec = common.grammar
-            assert spec is not None
-            constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
-                                        loaded.model.token_bytes)
-        gen = _generation_request(state, "chatcmpl", prompt_ids, common, loaded.template.stop, constraint)
-        builder = ResponseBuilder("chat", gen.request_id, common.model or served_name,
-                                  loaded.model.token_bytes, common.n_top_logprobs is not None,
-                                  _reasoning(state, prompt_ids), reading)
-        return await _run(state, request, gen, builder, params.common)
+            params = anthropic.parse_messages(await _api_body(state, request, anthropic.api_key(request)))
+            check_model(params.common.model, state.model_ids)
+            chat = await _chat_request(state, params, "msg")
+            builder = anthropic.MessageBuilder(chat.gen.request_id, chat.common.model or served_name,
+                                               len(chat.gen.prompt_ids), chat.common.stop,
+                                               _reasoning(state, chat.gen.prompt_ids), chat.reading)
+            return await _run(state, request, chat.gen, builder, chat.common)
+        except ApiError as exc:
+            return anthropic.error_response(exc)
+
+    async def count_tokens(request: Request) -> Response:
+        try:
+            params = anthropic.parse_messages(await _api_body(state, request, anthropic.api_key(request)),
+                                              counting=True)
+            check_model(params.common.model, state.model_ids)
+            chat = await _chat_request(state, params, "msg", tokenize_only=True)
+            return JSONResponse({"input_tokens": len(chat.gen.prompt_ids)})
+        except ApiError as exc:
+            return anthropic.error_response(exc)
 
     async def completions(request: Request) -> Response:
         params = parse_completion(await _api_body(state, request))
@@ -330,6 +374,8 @@ def create_app(state: ServerState) -> Starlette:
         Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

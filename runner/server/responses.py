@@ -209,6 +209,19 @@ class ResponseBuilder:
         """(reasoning, the rest) of a whole reply; calls are read from the rest only."""
         return split_whole(text, self._starts_inside) if self.reasoning is not None else ("", text)
 
+    # -- the stream's frame (server/app.py's writer asks every dialect's builder the same) ------
+    def stream_start(self) -> str:
+        first = self.first_chunk()
+        return sse(first) if first is not None else ""
+
+    def stream_error(self, message: str) -> str:
+        """The event that ends a failed stream (no [DONE] after it)."""
+        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": "generation_failed"}})
+
+    def stream_end(self, include_usage: bool) -> str:
+        usage = sse(self.usage_chunk()) if include_usage and self.usage is not None else ""
+        return usage + sse("[DONE]")
+
     def usage_chunk(self) -> dict[str, Any]:
         assert self.usage is not None
         return {**self._envelope([], chunk=True), "usage": usage_json(self.usage)}
