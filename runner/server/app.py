@@ -47,7 +47,7 @@ from runner.server import anthropic
 from runner.server.protocol import ChatParams, CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.responses import ResponseBuilder, sse
+from runner.server.responses import ResponseBuilder
 
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 RETRY_AFTER_S = 1
