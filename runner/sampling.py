@@ -78,13 +78,18 @@ class Sampler:
                 del self._recent[0]
         self._generated_counts[token_id] += 1
 
+    @property
+    def masks(self) -> bool:
+        """A grammar masks the rows (a lazy one only once it has begun)."""
+        return self.constraint is not None and self.constraint.is_active
+
     def adjusted_logits(self, logits: np.ndarray) -> np.ndarray:
         """Logits after the bias, penalties and grammar (a copy only when one is set)."""
         p = self.params
-        if not p.has_penalties and not p.logit_bias and self.constraint is None:
+        if not p.has_penalties and not p.logit_bias and not self.masks:
             return logits
         out = np.array(logits, dtype=np.float32, copy=True)
-        if self.constraint is not None:
+        if self.constraint is not None and self.masks:
             self.constraint.mask_into(out)
         if p.logit_bias:
             ids, bias = self._bias
@@ -114,7 +119,7 @@ class Sampler:
         order = np.argsort(-scaled, kind="stable")
         ids, scaled = ids[order], scaled[order]
         probs = np.exp(scaled - scaled[0])
-        if self.constraint is not None:  # masked tokens have probability 0: never candidates
+        if self.masks:  # masked tokens have probability 0: never candidates
             ids, probs = ids[probs > 0], probs[probs > 0]
         probs /= probs.sum()
         if p.min_p > 0.0:

@@ -81,3 +81,15 @@ def test_logit_bias_bans_and_forces_before_top_k() -> None:
     dist = Sampler(forced).distribution(LOGITS)
     assert dist.token_ids.tolist()[0] == 3 and dist.probs[0] > 0.999  # raised before top_k chose its two
     assert LOGITS[3] == -1.0  # the caller's logits are left alone
+
+
+def test_a_lazy_grammar_that_has_not_begun_leaves_the_logits_alone() -> None:
+    class NotYet:  # a LazyConstraint before its trigger
+        is_active = False
+
+        def mask_into(self, logits):
+            raise AssertionError("masked before the grammar began")
+
+    sampler = Sampler(SamplingParams(temperature=0), constraint=NotYet())
+    assert sampler.adjusted_logits(LOGITS) is LOGITS  # no copy, no mask
+    assert sampler.sample(LOGITS) == 1
