@@ -15,6 +15,7 @@ from runner.chat_template import Message
 from runner.sampling import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server.errors import ApiError, invalid
+from runner.server import protocol
 from runner.server.protocol import ChatParams, CommonParams, Field
 from runner.server.reasoning import ReasoningSplitter, split_whole
 from runner.tools import Tool, ToolCall, ToolReading
@@ -22,12 +23,7 @@ from runner.tools import Tool, ToolCall, ToolReading
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
                429: "rate_limit_error", 503: "overloaded_error"}
-MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (required)", 1)
-TEMPERATURE = Field("temperature", "number", "0: greedy", 0.0, 1.0)
-TOP_P = Field("top_p", "number", "nucleus sampling threshold", 0.0, 1.0)
-TOP_K = Field("top_k", "integer", "keep the k most likely tokens", 0)
-MODEL = Field("model", "string", "the served model id")
-STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
+TEMPERATURE = Field("temperature", "number", "0: greedy", 0.0, 1.0)  # Anthropic's range; the rest as OpenAI's
 _DEFAULTS = SamplingParams()
 
 
@@ -116,7 +112,7 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
 
 def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     """An Anthropic request as the internal chat request (count_tokens needs no max_tokens)."""
-    max_tokens = MAX_TOKENS.read(body)
+    max_tokens = protocol.MAX_TOKENS.read(body)
     if max_tokens is None and not counting:
         raise invalid("max_tokens: Field required", "max_tokens")
     messages = body.get("messages")
@@ -130,12 +126,12 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise invalid("stop_sequences must be a list of strings", "stop_sequences")
     temperature = TEMPERATURE.read(body, 1.0)
-    sampling = SamplingParams(temperature=temperature, top_p=TOP_P.read(body, _DEFAULTS.top_p),
-                              top_k=TOP_K.read(body, _DEFAULTS.top_k))
+    sampling = SamplingParams(temperature=temperature, top_p=protocol.SAMPLING["top_p"].read(body, _DEFAULTS.top_p),
+                              top_k=protocol.SAMPLING["top_k"].read(body, _DEFAULTS.top_k))
     tools = _tools(body.get("tools"))
-    stream = STREAM.read(body, False)
-    common = CommonParams(MODEL.read(body), sampling, max_tokens, tuple(s for s in stop if s), stream, False, None,
-                          False)
+    stream = protocol.STREAM.read(body, False)
+    common = CommonParams(protocol.MODEL.read(body), sampling, max_tokens, tuple(s for s in stop if s), stream,
+                          False, None, False)
     return ChatParams(common, turns, tools, _tool_choice(body.get("tool_choice"), tools), True)
 
 
