@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 
 URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
 
@@ -36,6 +37,11 @@ class ServerProcess:
             if match:
                 return match.group(1)
         raise RuntimeError("server did not start: " + "".join(seen))
+
+    def openai_client(self) -> openai.OpenAI:
+        """The official client on this server, validating every response strictly (close it, or use `with`)."""
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", _strict_response_validation=True,
+                             max_retries=0)
 
     def get(self, path: str, **kw: object) -> httpx.Response:
         return httpx.get(self.url + path, timeout=30, **kw)

@@ -34,6 +34,14 @@ def request(rid: str, max_tokens: int = 3) -> GenerationRequest:
     return GenerationRequest(rid, (5, 6, 7), SamplingParams(temperature=0), max_tokens)
 
 
+def started(engine) -> tuple[EngineThread, list[BaseException]]:
+    """An engine thread running `engine`, and the errors it reports."""
+    errors: list[BaseException] = []
+    thread = EngineThread(engine, on_error=errors.append)
+    thread.start()
+    return thread, errors
+
+
 def test_a_submit_that_raises_fails_alone_and_the_engine_keeps_serving() -> None:
     engine, _ = fake_engine(n_slots=1)
     real_submit = engine.submit
@@ -44,9 +52,7 @@ def test_a_submit_that_raises_fails_alone_and_the_engine_keeps_serving() -> None
         return real_submit(req, sink)
 
     engine.submit = submit
-    errors: list[BaseException] = []
-    thread = EngineThread(engine, on_error=errors.append)
-    thread.start()
+    thread, errors = started(engine)
     try:
         bad, good = Inbox(), Inbox()
         thread.submit(request("bad"), bad)
@@ -70,9 +76,7 @@ def test_a_crashed_engine_thread_fails_what_is_in_flight_and_says_so() -> None:
         return real_decode(rows)
 
     rt.decode = decode
-    errors: list[BaseException] = []
-    thread = EngineThread(engine, on_error=errors.append)
-    thread.start()
+    thread, errors = started(engine)
     try:
         running, waiting = Inbox(), Inbox()
         crash.set()

@@ -49,8 +49,7 @@ def server(smollm2_path: Path, model_cache: Path):
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", _strict_response_validation=True,
-                       max_retries=0) as c:  # closes its connections at the end of the module
+    with server.openai_client() as c:  # closes its connections at the end of the module
         yield c
 
 

@@ -87,8 +87,8 @@ def test_stop_ends_the_reply_and_frees_the_slot(page, server: ServerProcess) -> 
     page.wait_for_selector(".message.assistant .stats")
     assert page.inner_text(".message.assistant .stats").endswith("· stopped")
     stopped_at = reply_text(page)
-    assert [s["state"] for s in server.wait_all_idle(timeout_s=5)] == ["idle"] * 4
-    time.sleep(0.5)
+    assert [s["state"] for s in server.wait_all_idle(timeout_s=60)] == ["idle"] * 4  # a deadline, not a speed
+    time.sleep(0.5)  # (a loaded machine can only make this pass more easily, never fail it)
     assert reply_text(page) == stopped_at
 
 
@@ -152,15 +152,17 @@ def test_two_pages_stream_at_once(browser, server: ServerProcess) -> None:
         pages.append(pg)
     for pg in pages:
         send(pg, LONG)
-    deadline = time.time() + 20
+    deadline = time.time() + 60  # a deadline for a slow machine, not a speed the test needs
     busy = 0
     while time.time() < deadline and busy < 2:
         busy = sum(s["state"] == "generating" for s in server.get("/slots").json())
         time.sleep(0.05)
     assert busy >= 2
     lengths = [len(reply_text(pg)) for pg in pages]
-    time.sleep(1.0)
-    assert all(len(reply_text(pg)) > n for pg, n in zip(pages, lengths))  # both still growing
+    deadline = time.time() + 60
+    while not all(len(reply_text(pg)) > n for pg, n in zip(pages, lengths)):  # both still growing
+        assert time.time() < deadline, "a reply stopped growing while both were generating"
+        time.sleep(0.05)
     for pg in pages:
         pg.click("#stop")
         pg.context.close()
