@@ -44,7 +44,7 @@ class Detokenizer:
             out = self._held[:index]
             self._held, self.is_stopped, self.stop_hit = "", True, stop
             return out
-        keep = _longest_stop_prefix_suffix(self._held, self._stop)
+        keep = longest_prefix_tail(self._held, self._stop)
         out = self._held[: len(self._held) - keep]
         self._held = self._held[len(self._held) - keep :]
         return out
@@ -59,8 +59,9 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
     return best
 
 
-def _longest_stop_prefix_suffix(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of some stop string."""
+def longest_prefix_tail(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of some stop string (text held back:
+    it may still become one)."""
     longest = 0
     for stop in stops:
         for n in range(min(len(stop) - 1, len(text)), longest, -1):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from runner.scheduler.detokenizer import longest_prefix_tail
+
 OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("deepseek", "none")  # --reasoning-format: split into reasoning_content, or keep the text inline
 
@@ -18,14 +20,6 @@ class _State(Enum):
     INSIDE = "inside"  # reasoning
     AFTER = "after"  # just closed: blanks before the answer are dropped
     CONTENT = "content"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that could be the start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningSplitter:
@@ -50,7 +44,7 @@ class ReasoningSplitter:
         if self._state is _State.INSIDE:
             end = text.find(CLOSE)
             if end < 0:
-                n_held = _partial_suffix(text, CLOSE)
+                n_held = longest_prefix_tail(text, (CLOSE,))
                 self._held = text[len(text) - n_held:]
                 return text[: len(text) - n_held], ""
             reasoning, text, self._state = text[:end], text[end + len(CLOSE):], _State.AFTER
