@@ -17,7 +17,8 @@ from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server.errors import ApiError, invalid
 from runner.server import protocol
 from runner.server.protocol import ChatParams, CommonParams, Field
-from runner.server.reasoning import ReasoningSplitter, split_whole
+from runner.server.reasoning import ReasoningSplitter
+from runner.server.responses import read_reply
 from runner.tools import Tool, ToolCall, ToolReading
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -173,12 +174,8 @@ class MessageBuilder:
         return self._reply
 
     def _read_content(self) -> tuple[list[dict[str, Any]], bool]:
-        text = "".join(self.text_parts)
-        if self.reasoning is not None:
-            _, text = split_whole(text, self.reasoning.starts_inside)
-        calls: list[ToolCall] = []
-        if self.tools is not None:
-            text, calls = self.tools.parse(text)
+        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)  # (reasoning left out here)
+        text, calls = reply.content, reply.calls
         blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
         for call in calls:
             blocks.append({"type": "tool_use", "id": new_tool_use_id(), "name": call.name,

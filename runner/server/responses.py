@@ -10,7 +10,7 @@ from typing import Any
 
 from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
 from runner.server.reasoning import ReasoningSplitter, split_whole
-from runner.tools import ToolReading
+from runner.tools import ToolCall, ToolReading
 
 TokenText = Callable[[int], bytes]
 
@@ -31,6 +31,24 @@ def finish_reason_json(reason: FinishReason | None) -> str | None:
     if reason is None:
         return None
     return "length" if reason is FinishReason.LENGTH else "stop"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole reply as a dialect reports it: the reasoning, the text, the tool calls."""
+
+    reasoning: str
+    content: str
+    calls: list[ToolCall]
+
+
+def read_reply(text: str, reasoning: ReasoningSplitter | None, tools: ToolReading | None) -> Reply:
+    """The reasoning split off first (when the server splits it), then calls read from the rest."""
+    thought, content = split_whole(text, reasoning.starts_inside) if reasoning is not None else ("", text)
+    calls: list[ToolCall] = []
+    if tools is not None:
+        content, calls = tools.parse(content)
+    return Reply(thought, content, calls)
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -80,7 +98,6 @@ class ResponseBuilder:
         self.is_chat = kind == "chat"
         self.tools = tools  # chat with tools: the reply is read for calls once whole (streamed: sent at the end)
         self.reasoning = reasoning  # chat: split <think>…</think> into reasoning_content (None: text stays inline)
-        self._starts_inside = reasoning is not None and reasoning.starts_inside
         self.request_id = request_id
         self.model = model
         self.created = int(time.time())
@@ -184,11 +201,10 @@ class ResponseBuilder:
         self.add(event)
         if not event.is_final:
             return None
-        assert self.tools is not None
-        reasoning, text = self._split_reasoning("".join(self.text_parts))
-        content, calls = self.tools.parse(text)
+        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+        content, calls = reply.content, reply.calls
         reason = finish_reason_json(self.finish_reason)
-        deltas: list[dict[str, Any]] = [{"reasoning_content": reasoning}] if reasoning else []
+        deltas: list[dict[str, Any]] = [{"reasoning_content": reply.reasoning}] if reply.reasoning else []
         if calls:
             reason = "tool_calls" if reason == "stop" else reason
             if content:
@@ -204,10 +220,6 @@ class ResponseBuilder:
         chunks.append(self._envelope([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
                                      chunk=True))
         return "".join(sse(c) for c in chunks)
-
-    def _split_reasoning(self, text: str) -> tuple[str, str]:
-        """(reasoning, the rest) of a whole reply; calls are read from the rest only."""
-        return split_whole(text, self._starts_inside) if self.reasoning is not None else ("", text)
 
     # -- the stream's frame (server/app.py's writer asks every dialect's builder the same) ------
     def stream_start(self) -> str:
@@ -233,18 +245,16 @@ class ResponseBuilder:
         reason = finish_reason_json(self.finish_reason)
         if self.is_chat:
             logprobs = {"content": self.chat_logprobs} if self.wants_logprobs else None
-            message: dict[str, Any] = {"role": "assistant", "content": text,
+            reply = read_reply(text, self.reasoning, self.tools)
+            message: dict[str, Any] = {"role": "assistant", "content": reply.content,
                                        "refusal": None}  # OpenAI's spec: required, nullable
-            reasoning, message["content"] = self._split_reasoning(text)
-            if reasoning:
-                message["reasoning_content"] = reasoning
-            if self.tools is not None:
-                content, calls = self.tools.parse(message["content"])
-                if calls:
-                    message["content"] = content or None
-                    message["tool_calls"] = [{"id": c.id, "type": "function",
-                                              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-                    reason = "tool_calls" if reason == "stop" else reason
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
+            if reply.calls:
+                message["content"] = reply.content or None
+                message["tool_calls"] = [{"id": c.id, "type": "function",
+                                          "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
+                reason = "tool_calls" if reason == "stop" else reason
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = self.completion_logprobs.json() if self.wants_logprobs else None
