@@ -82,8 +82,10 @@ class Engine:
             return 0
         if self.speculator is not None:
             self.speculator.draft(plan, self.scheduler.n_batch, self.scheduler.n_ctx_per_slot)
-        if self.jump_forward:
-            self._jump_forward(plan)
+        # rows whose request follows a grammar (none, almost always: then nothing below costs a pass)
+        constrained = [r for r in plan.rows if r.slot.seq is not None and r.slot.seq.request.constraint is not None]
+        if constrained and self.jump_forward:
+            self._jump_forward(plan, constrained)
         started = self.clock()
         try:
             logits = self.runtime.decode(plan.rows)
@@ -93,24 +95,23 @@ class Engine:
         self.stats.decode_s += self.clock() - started
         self.stats.n_steps += 1
         self._count(plan.rows)
-        prefetch_masks([seq.request.constraint for row in plan.rows if row.n_logits
-                        and (seq := row.slot.seq) is not None and seq.request.constraint is not None
-                        and seq.request.constraint.is_active])
+        if constrained:
+            prefetch_masks([c for row in constrained
+                            if row.n_logits and (c := row.slot.seq.request.constraint).is_active])
         self.scheduler.postprocess(plan, logits)
         self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
         if self.speculator is not None:
             self.speculator.learn(plan, self.clock() - step_started)
         return plan.n_tokens
 
-    def _jump_forward(self, plan: BatchPlan) -> None:
+    def _jump_forward(self, plan: BatchPlan, constrained: list[BatchRow]) -> None:
         """Where a request's grammar allows exactly one continuation (a schema's fixed keys,
         punctuation), those tokens ride in its row as drafts: verified like any draft (the masked
         target gives them probability 1), so several forced tokens cost one step."""
         room = self.scheduler.n_batch - plan.n_tokens
-        for row in plan.rows:
+        for row in constrained:
             seq = row.slot.seq
-            if (room <= 0 or row.draft_ids or row.slot.state is not SlotState.GENERATING or seq is None
-                    or seq.request.constraint is None):
+            if room <= 0 or row.draft_ids or row.slot.state is not SlotState.GENERATING or seq is None:
                 continue
             cap = min(room, seq.n_tokens_left - 1, self.scheduler.n_ctx_per_slot - row.slot.n_cached - 2)
             forced = seq.request.constraint.forced_tokens()[: max(0, cap)]
