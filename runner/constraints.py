@@ -147,7 +147,7 @@ class LazyConstraint:
         self._trigger = trigger.encode()
         self._make = make
         self._token_bytes = token_bytes
-        self._text = b""
+        self._text = bytearray()
         self._starts: list[int] = []  # byte offset of each committed token in _text
         self._ids: list[int] = []
         self.active: Constraint | None = None
@@ -172,10 +172,12 @@ class LazyConstraint:
             return
         if self._gave_up:
             return
-        self._starts.append(len(self._text))
+        old_len = len(self._text)
+        self._starts.append(old_len)
         self._ids.append(token_id)
         self._text += self._token_bytes(token_id)
-        at = self._text.find(self._trigger)
+        # only the new token's bytes (and a trigger's length before them) can complete the trigger
+        at = self._text.find(self._trigger, max(0, old_len - len(self._trigger) + 1))
         if at < 0:
             return
         if at not in self._starts:
