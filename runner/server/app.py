@@ -43,7 +43,7 @@ from runner.server.guards import (
 )
 from runner.server.metrics import render_metrics
 from runner.server.openapi import openapi_document
-from runner.server import anthropic
+from runner.server import anthropic, openai_responses
 from runner.server.protocol import ChatParams, CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
@@ -118,7 +118,7 @@ async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
     """Template and tokenize the messages (with the tools), compile the reply's grammar: the same
     path for every dialect's chat endpoint."""
     loaded = state.loaded
-    _check_fits(state, sum(len(m.content) for m in params.messages), "messages")
+    _check_fits(state, sum(len(m.content) for m in params.messages), _prompt_param(prefix))
     tools = list(params.tools) if params.tool_choice != "none" else []
     try:
         prompt_ids = await run_in_threadpool(loaded.chat_prompt_ids, params.messages, tools or None)
@@ -144,6 +144,11 @@ async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
         return ChatRequest(GenerationRequest("count", prompt_ids), common, reading)
     gen = _generation_request(state, prefix, prompt_ids, common, loaded.template.stop, constraint)
     return ChatRequest(gen, common, reading)
+
+
+def _prompt_param(prefix: str) -> str:
+    """The request parameter that holds the prompt, by the endpoint's id prefix."""
+    return {"cmpl": "prompt", "resp": "input"}.get(prefix, "messages")
 
 
 def _check_fits(state: ServerState, n_chars: int, param: str) -> None:
@@ -183,7 +188,7 @@ def _generation_request(
     try:
         state.engine_thread.check_prompt(len(prompt_ids))
     except PromptTooLongError as exc:
-        raise invalid(str(exc), "messages" if prefix == "chatcmpl" else "prompt", "context_length_exceeded") from None
+        raise invalid(str(exc), _prompt_param(prefix), "context_length_exceeded") from None
     room = state.loaded.options.ctx_size - len(prompt_ids)
     max_tokens = min(common.max_tokens or state.loaded.options.max_tokens, room)
     return GenerationRequest(
@@ -304,6 +309,16 @@ def create_app(state: ServerState) -> Starlette:
         except ApiError as exc:
             return anthropic.error_response(exc)
 
+    async def responses(request: Request) -> Response:
+        body = await _api_body(state, request)
+        params = openai_responses.parse_request(body)
+        check_model(params.common.model, state.model_ids)
+        chat = await _chat_request(state, params, "resp")
+        builder = openai_responses.ResponsesBuilder(
+            chat.gen.request_id, chat.common.model or served_name, len(chat.gen.prompt_ids),
+            openai_responses.echoed(body, params), _reasoning(state, chat.gen.prompt_ids), chat.reading)
+        return await _run(state, request, chat.gen, builder, chat.common)
+
     async def count_tokens(request: Request) -> Response:
         try:
             params = anthropic.parse_messages(await _api_body(state, request, anthropic.api_key(request)),
@@ -374,6 +389,7 @@ def create_app(state: ServerState) -> Starlette:
         Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
