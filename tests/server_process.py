@@ -38,9 +38,9 @@ class ServerProcess:
                 return match.group(1)
         raise RuntimeError("server did not start: " + "".join(seen))
 
-    def openai_client(self) -> openai.OpenAI:
+    def openai_client(self, api_key: str = "unused") -> openai.OpenAI:
         """The official client on this server, validating every response strictly (close it, or use `with`)."""
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", _strict_response_validation=True,
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, _strict_response_validation=True,
                              max_retries=0)
 
     def get(self, path: str, **kw: object) -> httpx.Response:

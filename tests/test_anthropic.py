@@ -120,3 +120,8 @@ def test_count_tokens_and_errors_in_anthropics_envelope(server: ServerProcess, c
             wrong.messages.create(model=MODEL, max_tokens=2, messages=ASK)
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-sonnet", max_tokens=2, messages=ASK)
+    bad_tool = {**WEATHER, "input_schema": {"type": "object", "properties": {"city": {"type": "no-such-type"}}}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=MODEL, max_tokens=20, messages=ASK, tools=[bad_tool], tool_choice={"type": "any"})
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert "no-such-type" in caught.value.body["error"]["message"]

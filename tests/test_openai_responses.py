@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import agents
-import httpx
 import openai
 import pydantic
 import pytest
@@ -24,6 +23,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Get the we
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
                           "required": ["city"], "additionalProperties": False}}
 ASK = "What is the weather in Paris?"
+KEY = "s3cret"
 
 
 def test_a_body_becomes_the_internal_chat_request() -> None:
@@ -75,14 +75,14 @@ def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None
 
 @pytest.fixture(scope="module")
 def server(smollm2_path: Path, model_cache: Path):
-    srv = ServerProcess(MODEL, model_cache, "--parallel", "2", "--ctx-size", "2048")
+    srv = ServerProcess(MODEL, model_cache, "--parallel", "2", "--ctx-size", "2048", "--api-key", KEY)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess):
-    with server.openai_client() as c:
+    with server.openai_client(KEY) as c:
         yield c
 
 
@@ -153,14 +153,21 @@ def test_a_function_call_round_trip_whole_and_streamed(client: openai.OpenAI) ->
 
 @pytest.mark.model
 def test_errors_in_openais_envelope(server: ServerProcess, client: openai.OpenAI) -> None:
-    r = server.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_1"})
+    auth = {"authorization": f"Bearer {KEY}"}
+    r = server.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_1"}, headers=auth)
     assert r.status_code == 400
     error = r.json()["error"]
     assert (error["param"], error["code"]) == ("previous_response_id", "unsupported_parameter")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="gpt-5", input="hi")
-    r = httpx.post(server.url + "/v1/responses", content=b"{", headers={"content-type": "application/json"})
+    r = server.post("/v1/responses", content=b"{", headers={**auth, "content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    bad_tool = {**WEATHER, "parameters": {"type": "object", "properties": {"city": {"type": "no-such-type"}}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model=MODEL, input=ASK, tools=[bad_tool], tool_choice="required")
+    assert caught.value.body["param"] == "tools"
+    with server.openai_client("wrong") as wrong, pytest.raises(openai.AuthenticationError):
+        wrong.responses.create(model=MODEL, input="hi")
 
 
 @pytest.mark.model
@@ -175,7 +182,7 @@ def test_an_agents_sdk_agent_calls_its_tool_and_answers(server: ServerProcess) -
         return f"Sunny, 21 C in {city}"
 
     async def run() -> tuple[object, object]:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0,
                                     _strict_response_validation=True)
         model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
         agent = agents.Agent(name="weather", instructions="Answer using the tools.", tools=[get_weather], model=model,
