@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runner.catalog.catalog import ModelRef
+from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
 from runner.chat_template import ChatTemplate, Message
 from runner.tools import Tool
@@ -25,6 +26,7 @@ from runner.scheduler.scheduler import PromptTooLongError, Scheduler
 from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
+from runner.speculation.model_drafter import check_same_vocab_header
 from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
 
 
@@ -48,7 +50,8 @@ class LoadedModel:
         self.options = options or EngineOptions()
         store = store or ModelStore()
         self.path, ref = store.resolve(str(model))
-        self.name = ref.name if ref else self.path.stem
+        # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
+        self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
         self.memory_plan = MemoryPlan.for_model(self.info, self.options)
         self.memory_plan.check()
@@ -100,7 +103,9 @@ class LoadedModel:
             drafter = make_drafter("ngram")
         else:
             draft_path, draft_ref = store.resolve(draft)
-            both = self.memory_plan.with_draft(MemoryPlan.for_model(read_gguf(draft_path), opts))
+            draft_info = read_gguf(draft_path)
+            check_same_vocab_header(self.info, draft_info)
+            both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts))
             both.check()
             log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
             draft_model = Model(draft_path, opts.n_gpu_layers)

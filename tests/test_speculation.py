@@ -13,6 +13,8 @@ import jsonschema
 import numpy as np
 import pytest
 
+from runner import loaded_model
+
 from engines import load_tiny, submit_all, token_ids
 from runner.constraints import GrammarSpec
 from runner.errors import ModelLoadError
@@ -154,6 +156,23 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_gguf: Path, tmp_path: P
     odd = write_tiny_gguf(tmp_path / "odd.gguf", extra_tokens=("zzz",))
     with pytest.raises(ModelLoadError, match=r"different vocabulary \(265 tokens\) from the target .* \(264 tokens\)"):
         load_tiny(tiny_gguf, 1, draft=str(odd), spec="on")
+
+
+def test_a_draft_is_checked_from_its_header_before_its_weights_load(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    target = write_tiny_gguf(tmp_path / "target.gguf", extra_tokens=("yyy",))
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", extra_tokens=("zzz",))  # as many tokens, one other
+    loaded_paths: list[str] = []
+    real_model = loaded_model.Model
+
+    def model(path: Path, *args: object) -> object:
+        loaded_paths.append(Path(path).name)
+        return real_model(path, *args)
+
+    monkeypatch.setattr(loaded_model, "Model", model)
+    with pytest.raises(ModelLoadError, match=r"as many tokens, 265, but not the same ones"):
+        load_tiny(target, 1, draft=str(draft), spec="on")
+    assert loaded_paths == ["target.gguf"]  # the draft's weights were never loaded
 
 
 def test_spec_off_ignores_the_drafter(tiny_gguf: Path) -> None:

@@ -41,7 +41,7 @@ def test_an_uncached_name_without_pulling_says_how_to_pull(store: ModelStore) ->
 def test_remove_deletes_the_file_and_refuses_what_is_not_there(store: ModelStore) -> None:
     ref = store.catalog.resolve("smollm2-135m-instruct:q8_0")
     (store.root / ref.file).write_bytes(b"GGUF")
-    assert store.remove("smollm2-135m-instruct:q8_0") == store.root / ref.file
+    assert store.remove("smollm2-135m-instruct:q8_0") == [store.root / ref.file]
     assert not (store.root / ref.file).exists()
     with pytest.raises(CatalogError, match="is not in the cache"):
         store.remove("smollm2-135m-instruct:q8_0")

@@ -21,9 +21,9 @@ class PypiSource:
 @dataclass(frozen=True)
 class CatalogEntry:
     name: str
-    file: str
-    size: int
-    sha256: str
+    file: str  # "" for a Hub entry: the Hub names the file at pull time
+    size: int  # 0 when not known here (a Hub entry: the Hub reports it)
+    sha256: str  # "" for a Hub entry: the Hub's own sha256 is checked at pull time
     license: str
     hf: str
     chat_template: str
@@ -31,6 +31,7 @@ class CatalogEntry:
     variants: tuple[str, ...]
     draft: str | None
     sources: tuple[PypiSource, ...]
+    hub: str = ""  # a Hub reference (hf.co/ORG/REPO:QUANT) to pull it from
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,12 @@ def _entry(name: str, raw: dict) -> CatalogEntry:
         sources = tuple(
             PypiSource(tuple(src["pypi"]), tuple(src["members"])) for src in raw.get("sources", [])
         )
+        hub = raw.get("hub", "")
         return CatalogEntry(
             name=name,
-            file=raw["file"],
-            size=int(raw["size"]),
-            sha256=raw["sha256"].lower(),
+            file=raw.get("file", "") if hub else raw["file"],
+            size=int(raw.get("size", 0) if hub else raw["size"]),
+            sha256=(raw.get("sha256", "") if hub else raw["sha256"]).lower(),
             license=raw.get("license", ""),
             hf=raw.get("hf", ""),
             chat_template=raw.get("chat_template", ""),
@@ -111,6 +113,7 @@ def _entry(name: str, raw: dict) -> CatalogEntry:
             variants=tuple(raw.get("variants", [])),
             draft=raw.get("draft"),
             sources=sources,
+            hub=hub,
         )
     except KeyError as exc:
         raise CatalogError(f"catalog entry '{name}' lacks the key {exc}") from None

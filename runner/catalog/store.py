@@ -8,6 +8,7 @@ from pathlib import Path
 
 import platformdirs
 
+from runner.catalog import hub
 from runner.catalog.catalog import Catalog, ModelRef
 from runner.catalog.embedded import embedded_model
 from runner.errors import CatalogError, ModelFileError
@@ -47,18 +48,42 @@ class ModelStore:
         out = []
         for path in sorted(self.root.glob("*.gguf")):
             out.append(CachedModel(by_file.get(path.name, path.name), path, path.stat().st_size))
+        for name, path in hub.HubCache(self.root).files():
+            out.append(CachedModel(name, path, path.stat().st_size))
         return out
 
-    def remove(self, name: str) -> Path:
-        ref = self.catalog.resolve(name)
-        path = self.path_of(ref)
-        if not path.exists():
-            raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
-        path.unlink()
-        return path
+    def hub_ref(self, model: str) -> hub.HubRef | None:
+        """The Hub reference MODEL is, or that its catalog entry names (None: neither)."""
+        ref = hub.parse_hub_ref(model)
+        if ref is None and self.catalog.is_name(model) and self.catalog.resolve(model).entry.hub:
+            ref = hub.parse_hub_ref(self.catalog.resolve(model).entry.hub)
+        return ref
+
+    def remove(self, name: str) -> list[Path]:
+        hub_ref = self.hub_ref(name)
+        if hub_ref is not None:
+            paths = hub.HubCache(self.root).cached_parts(hub_ref)
+            if not paths:
+                raise CatalogError(f"'{name}' is not in the cache ({self.root})")
+        else:
+            ref = self.catalog.resolve(name)
+            paths = [self.path_of(ref)]
+            if not paths[0].exists():
+                raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
+        for path in paths:
+            path.unlink()
+        return paths
 
     def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
-        """MODEL is a path to a .gguf or a catalog name; a missing catalog model is pulled."""
+        """MODEL is a path to a .gguf, a Hub reference or a catalog name; a missing model is pulled
+        (a cached Hub reference loads without a network call)."""
+        hub_ref = self.hub_ref(model)
+        if hub_ref is not None:
+            ref = None if hub.parse_hub_ref(model) else self.catalog.resolve(model)
+            cached = hub.HubCache(self.root).cached(hub_ref)
+            if cached is None and not pull_missing:
+                raise CatalogError(f"'{model}' is not in the cache; run `runner pull {model}`")
+            return cached or hub.resolve(hub_ref, self.root), ref
         candidate = Path(model).expanduser()
         looks_like_path = candidate.suffix == ".gguf" or os.sep in model or candidate.exists()
         if looks_like_path and not self.catalog.is_name(model):

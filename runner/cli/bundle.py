@@ -111,11 +111,15 @@ def double_click(parse_args: Callable[[list[str]], argparse.Namespace]) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    """`runner bundle MODEL.gguf -o NAME`: a one-file executable carrying another model."""
+    """`runner bundle MODEL -o NAME`: a one-file executable carrying another model (a path, a catalog
+    name or a Hub reference)."""
+    from runner.catalog.store import ModelStore
     from runner.runtime.gguf_file import read_gguf
 
-    model = Path(args.model).expanduser().resolve()
-    read_gguf(model)
+    model = ModelStore().resolve(args.model)[0].resolve()
+    if read_gguf(model).n_splits > 1:
+        raise RunnerError(f"{model.name} is one part of a split GGUF; a bundle carries one file (merge the parts "
+                          "with llama.cpp's gguf-split --merge first)")
     repo = Path(__file__).resolve().parents[2]
     spec = repo / SPEC
     if not spec.exists():

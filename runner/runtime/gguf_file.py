@@ -6,6 +6,7 @@ objects (seconds for a real vocabulary); this one skims the arrays it does not n
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ _DEFAULT_ALIGNMENT = 32
 # GGUF value type id -> struct format of a scalar
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-_WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length of
+_WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length (and a digest) of
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,16 @@ class GgufInfo:
     @property
     def n_vocab(self) -> int:
         return _count(self.metadata.get("tokenizer.ggml.tokens"))
+
+    @property
+    def vocab_digest(self) -> str:
+        """sha256 of the token list as stored: equal digests, the same vocabulary ("" when none)."""
+        return str(self.metadata.get("tokenizer.ggml.tokens#sha256", ""))
+
+    @property
+    def n_splits(self) -> int:
+        """How many files the model is split into (1: not split)."""
+        return max(1, _count(self.metadata.get("split.count")))
 
     @property
     def n_ctx_train(self) -> int:
@@ -151,9 +162,12 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
     for _ in range(n_kv):
         key = cur.string()
         vtype = cur.take("I")
+        start = cur.pos
         value = cur.value(vtype, keep=key in _WANTED_ARRAYS)
         if value is not None:
             metadata[key] = value
+        if key in _WANTED_ARRAYS:
+            metadata[key + "#sha256"] = hashlib.sha256(cur.buf[start:cur.pos]).hexdigest()
     n_params, data_end = 0, 0
     for _ in range(n_tensors):
         cur.skip_string()

@@ -12,11 +12,26 @@ import dataclasses
 import numpy as np
 
 from runner.errors import ModelLoadError
+from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.llama import Batch, Context, ContextShape, Model
 from runner.sampling import Sampler
 from runner.speculation.drafter import DraftJob, register_drafter
 
 DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
+
+
+def check_same_vocab_header(target: GgufInfo, draft: GgufInfo) -> None:
+    """The draft's vocabulary is the target's, read from the GGUF headers (before any weights load)."""
+    if draft.n_vocab != target.n_vocab:
+        raise ModelLoadError(
+            f"the draft model {draft.path.name} has a different vocabulary ({draft.n_vocab} tokens) "
+            f"from the target {target.path.name} ({target.n_vocab} tokens); pick a draft of the same family"
+        )
+    if target.vocab_digest != draft.vocab_digest:
+        raise ModelLoadError(
+            f"the draft model {draft.path.name} has a different vocabulary from the target {target.path.name} "
+            f"(as many tokens, {target.n_vocab}, but not the same ones); pick a draft of the same family"
+        )
 
 
 def check_same_vocab(target: Model, draft: Model) -> None:

@@ -1,0 +1,339 @@
+"""Models from the Hugging Face Hub: `hf.co/ORG/REPO[:QUANT][@REVISION]` and
+`hf.co/ORG/REPO/FILE.gguf[@REVISION]`, downloaded with huggingface_hub (the Hub's own client:
+resume, HF_TOKEN, HF_ENDPOINT) into runner's own cache, sha256-verified before a file is visible.
+
+Runner's cache, not the user's HF cache: the HF cache keeps blobs behind symlinks and checks no
+checksum; here a file is in the cache only once it matched the sha256 the Hub reported, `runner
+list/rm` see everything, and the one-file executable needs nothing else. The layout:
+
+    $RUNNER_CACHE_DIR/hf/ORG/REPO/refs/REVISION      the commit a branch or tag pointed to when pulled
+    $RUNNER_CACHE_DIR/hf/ORG/REPO/COMMIT/files.json  the repo's GGUF listing then (names, sizes, sha256)
+    $RUNNER_CACHE_DIR/hf/ORG/REPO/COMMIT/FILE.gguf   verified files
+    $RUNNER_CACHE_DIR/hf/ORG/REPO/.download/COMMIT/  huggingface_hub's resumable partial downloads
+
+A reference that is cached loads without any network call (run, chat, serve); `runner pull` asks
+the Hub again unless HF_HUB_OFFLINE=1 or the network is down, and then says it uses the cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.errors import PullError
+
+PREFIXES = ("https://huggingface.co/", "https://hf.co/", "huggingface.co/", "hf.co/")
+_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+?)(?:/(?P<file>[^@:]+\.gguf))?(?:@(?P<rev1>[^:@]+))?"
+                  r"(?::(?P<quant>[^@:/]+))?(?:@(?P<rev2>[^:@]+))?$")
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# a quant tag in a file name: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16, ... (the last one in the name)
+_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
+                    re.IGNORECASE)
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A Hub model reference, as typed."""
+
+    repo: str  # ORG/REPO
+    quant: str | None = None  # a quant tag to pick (case-insensitive)
+    file: str | None = None  # or an exact .gguf path in the repo
+    revision: str | None = None  # a branch, tag or commit (default: main)
+
+    @property
+    def text(self) -> str:
+        out = f"hf.co/{self.repo}" + (f"/{self.file}" if self.file else "") + (f":{self.quant}" if self.quant else "")
+        return out + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_hub_ref(text: str) -> HubRef | None:
+    """The reference, or None when `text` does not name the Hub; a malformed one is a PullError."""
+    rest = next((text[len(p):] for p in PREFIXES if text.lower().startswith(p)), None)
+    if rest is None:
+        return None
+    match = _REF.match(rest.strip("/"))
+    if match is None or (match["rev1"] and match["rev2"]) or (match["file"] and match["quant"]):
+        raise PullError(f"cannot read the Hub reference '{text}': write hf.co/ORG/REPO[:QUANT][@REVISION] "
+                        "or hf.co/ORG/REPO/FILE.gguf[@REVISION]")
+    return HubRef(match["repo"], match["quant"], match["file"], match["rev1"] or match["rev2"])
+
+
+@dataclass(frozen=True)
+class HubFile:
+    name: str  # its path in the repo
+    size: int
+    sha256: str | None  # as the Hub reports it for LFS files
+
+    def json(self) -> dict:
+        return {"name": self.name, "size": self.size, "sha256": self.sha256}
+
+
+def quant_tag(name: str) -> str | None:
+    """The quant a GGUF's file name says (upper case), e.g. 'Q4_K_M' for 'Llama-3.2-1B-Q4_K_M.gguf'."""
+    stem = _SPLIT.sub(".gguf", Path(name).name).removesuffix(".gguf").removesuffix(".GGUF")
+    tags = _QUANT.findall(stem)
+    return tags[-1].upper() if tags else None
+
+
+def _models(files: list[HubFile]) -> list[tuple[HubFile, ...]]:
+    """The repo's GGUF models: a file, or the parts of a split in order (vision projectors left out)."""
+    singles: list[tuple[HubFile, ...]] = []
+    splits: dict[str, list[HubFile]] = {}
+    for f in files:
+        if not f.name.lower().endswith(".gguf") or "mmproj" in Path(f.name).name.lower():
+            continue
+        split = _SPLIT.search(f.name)
+        if split:
+            splits.setdefault(f.name[: split.start()], []).append(f)
+        else:
+            singles.append((f,))
+    for parts in splits.values():
+        parts.sort(key=lambda f: f.name)
+        singles.append(tuple(parts))
+    return sorted(singles, key=lambda parts: parts[0].name)
+
+
+def choose(ref: HubRef, files: list[HubFile]) -> tuple[HubFile, ...]:
+    """The file (or split parts) a reference means; a PullError that lists what exists otherwise."""
+    models = _models(files)
+    if not models:
+        raise PullError(f"{ref.repo} has no .gguf file (is it a GGUF repository?)")
+    if ref.file:
+        for parts in models:
+            if ref.file in (p.name for p in parts):
+                return parts
+        names = ", ".join(p[0].name for p in models)
+        raise PullError(f"{ref.repo} has no file {ref.file}; its GGUF files: {names}")
+    tags = {parts: quant_tag(parts[0].name) for parts in models}
+    if ref.quant:
+        found = [parts for parts, tag in tags.items() if tag == ref.quant.upper()]
+        if not found:
+            known = ", ".join(sorted({t for t in tags.values() if t})) or "none tagged"
+            raise PullError(f"{ref.repo} has no {ref.quant.upper()} file; quants there: {known}")
+        return min(found, key=_size)
+    for parts, tag in tags.items():
+        if tag == "Q4_K_M":
+            return parts
+    q4 = [parts for parts, tag in tags.items() if tag and tag.startswith("Q4")]
+    if q4:
+        return min(q4, key=_size)
+    if len(models) == 1:
+        return models[0]
+    known = ", ".join(sorted({t for t in tags.values() if t})) or ", ".join(p[0].name for p in models)
+    raise PullError(f"{ref.repo} has several GGUF files and no Q4 one; pick one with :QUANT ({known})")
+
+
+def _size(parts: tuple[HubFile, ...]) -> int:
+    return sum(p.size for p in parts)
+
+
+class HubCache:
+    """runner's cache of Hub files (the layout in the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / "hf"
+
+    def repo_dir(self, repo: str) -> Path:
+        return self.root / repo
+
+    def commit_of(self, ref: HubRef) -> str | None:
+        revision = ref.revision or "main"
+        if _COMMIT.match(revision):
+            return revision
+        try:
+            return (self.repo_dir(ref.repo) / "refs" / revision).read_text().strip() or None
+        except OSError:
+            return None
+
+    def listing(self, repo: str, commit: str) -> list[HubFile] | None:
+        try:
+            raw = json.loads((self.repo_dir(repo) / commit / "files.json").read_text())
+            return [HubFile(f["name"], int(f["size"]), f.get("sha256")) for f in raw]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def remember(self, ref: HubRef, commit: str, files: list[HubFile]) -> None:
+        folder = self.repo_dir(ref.repo) / commit
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(folder / "files.json", json.dumps([f.json() for f in files], indent=1))
+        if ref.revision != commit:
+            (self.repo_dir(ref.repo) / "refs").mkdir(exist_ok=True)
+            _write_atomic(self.repo_dir(ref.repo) / "refs" / (ref.revision or "main"), commit)
+
+    def path(self, repo: str, commit: str, name: str) -> Path:
+        return self.repo_dir(repo) / commit / name
+
+    def cached(self, ref: HubRef) -> Path | None:
+        """The first file of what `ref` means, when all of it is in the cache (no network)."""
+        parts = self.cached_parts(ref)
+        return parts[0] if parts else None
+
+    def cached_parts(self, ref: HubRef) -> list[Path] | None:
+        """Every file (split parts in order) of what `ref` means, when all are in the cache."""
+        commit = self.commit_of(ref)
+        listing = self.listing(ref.repo, commit) if commit else None
+        if commit is None or listing is None:
+            return None
+        try:
+            parts = choose(ref, listing)
+        except PullError:
+            return None
+        paths = [self.path(ref.repo, commit, p.name) for p in parts]
+        return paths if all(p.exists() for p in paths) else None
+
+    def files(self) -> list[tuple[str, Path]]:
+        """Every cached Hub GGUF as (hf.co/ORG/REPO/FILE, path)."""
+        out = []
+        for path in sorted(self.root.glob("*/*/*/*.gguf")):
+            org, repo = path.parts[-4], path.parts[-3]
+            out.append((f"hf.co/{org}/{repo}/{path.name}", path))
+        return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def is_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False) -> Path:
+    """The local path of what `ref` means (the first part of a split), downloading what is missing.
+
+    Without `refresh` a cached reference is used as it is, with no network call; with it (`runner
+    pull`) the Hub is asked again unless offline or unreachable."""
+    log = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr))
+    cache = HubCache(root)
+    cached = cache.cached(ref)
+    if cached is not None and (not refresh or is_offline()):
+        if refresh:
+            log(f"using cached {ref.text} (HF_HUB_OFFLINE is set)")
+        return cached
+    if is_offline():
+        raise PullError(f"{ref.text} is not in the cache and HF_HUB_OFFLINE is set; pull it while online first")
+    try:
+        commit, listing = _ask_hub(ref)
+    except PullError as exc:
+        if cached is not None and "cannot reach" in str(exc):
+            log(f"using cached {ref.text} (the Hub is unreachable: {exc})")
+            return cached
+        raise
+    parts = choose(ref, listing)
+    cache.remember(ref, commit, listing)
+    paths = [_download(ref, commit, part, cache, quiet) for part in parts]
+    return paths[0]
+
+
+def _token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
+
+
+def _ask_hub(ref: HubRef) -> tuple[str, list[HubFile]]:
+    """(commit, the repo's files with sizes and sha256) at the reference's revision."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint(), token=_token()).model_info(ref.repo, revision=ref.revision,
+                                                                      files_metadata=True)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
+        raise _readable_hub_error(exc, ref) from None
+    files = []
+    for sibling in info.siblings or []:
+        lfs = sibling.lfs
+        sha256 = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+        size = sibling.size if sibling.size is not None else (lfs.get("size", 0) if isinstance(lfs, dict) else 0)
+        files.append(HubFile(sibling.rfilename, int(size or 0), sha256))
+    if not info.sha:
+        raise PullError(f"the Hub gave no commit for {ref.repo}")
+    return info.sha, files
+
+
+def _readable_hub_error(exc: Exception, ref: HubRef) -> PullError:
+    from huggingface_hub import errors
+
+    where = endpoint()
+    if isinstance(exc, errors.GatedRepoError) or (
+            isinstance(exc, errors.HfHubHTTPError) and exc.response is not None
+            and exc.response.status_code in (401, 403) and not isinstance(exc, errors.RepositoryNotFoundError)):
+        how = "your HF_TOKEN's account has no access yet" if _token() else "set HF_TOKEN to a token of that account"
+        return PullError(f"{ref.repo} is gated: accept its terms on https://huggingface.co/{ref.repo}, then "
+                         f"{how} (https://huggingface.co/settings/tokens)")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return PullError(f"repository {ref.repo} not found on {where} (a private one needs HF_TOKEN)")
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return PullError(f"{ref.repo} has no revision '{ref.revision}'")
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        return PullError(f"the Hub answered HTTP {status} for {ref.repo}")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return PullError(f"disk full while downloading {ref.text}; free space or set RUNNER_CACHE_DIR to another disk")
+    if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)) or _is_network(exc):
+        return PullError(f"no network: cannot reach {where} ({type(exc).__name__}); a model pulled before "
+                         "loads offline, and HF_HUB_OFFLINE=1 skips the Hub")
+    return PullError(f"could not pull {ref.text}: {type(exc).__name__}: {exc}")
+
+
+def _is_network(exc: BaseException) -> bool:
+    import httpx
+
+    while exc is not None:
+        if isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _download(ref: HubRef, commit: str, part: HubFile, cache: HubCache, quiet: bool) -> Path:
+    """One file into the cache: resumable partial in .download/, visible only once its sha256 matched."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    target = cache.path(ref.repo, commit, part.name)
+    if target.exists():
+        return target
+    staging = cache.repo_dir(ref.repo) / ".download" / commit
+    if quiet or not sys.stderr.isatty():
+        disable_progress_bars()
+    else:
+        enable_progress_bars()
+    try:
+        got = Path(hf_hub_download(ref.repo, part.name, revision=commit, local_dir=staging, endpoint=endpoint(),
+                                   token=_token()))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it", file=sys.stderr)
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise _readable_hub_error(exc, ref) from None
+    digest = _sha256(got)
+    if part.sha256 and digest != part.sha256.lower():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PullError(f"sha256 mismatch for {part.name}: the Hub says {part.sha256}, the download has {digest}; "
+                        "file discarded")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(got, target)
+    shutil.rmtree(staging, ignore_errors=True)  # its resume metadata
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
