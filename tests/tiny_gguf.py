@@ -29,9 +29,10 @@ def byte_level_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
-                    extra_tokens: tuple[str, ...] = (), perturb: float = 0.0) -> Path:
+                    extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0) -> Path:
     """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
-    chat_template: True for ChatML, or a template's source."""
+    chat_template: True for ChatML, or a template's source. split_max_tensors > 0 writes a split
+    GGUF (STEM-00001-of-0000N.gguf, ... beside `path`)."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens)
@@ -39,7 +40,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     n_vocab, n_head, n_head_kv, n_ff = len(tokens), 4, 2, 128
     head_dim = n_embd // n_head
 
-    w = GGUFWriter(str(path), "llama")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name("tiny-random-llama")
     w.add_file_type(0)  # all F32
     w.add_block_count(n_layer)

@@ -9,7 +9,7 @@ list/rm` see everything, and the one-file executable needs nothing else. The lay
     $RUNNER_CACHE_DIR/hf/ORG/REPO/refs/REVISION      the commit a branch or tag pointed to when pulled
     $RUNNER_CACHE_DIR/hf/ORG/REPO/COMMIT/files.json  the repo's GGUF listing then (names, sizes, sha256)
     $RUNNER_CACHE_DIR/hf/ORG/REPO/COMMIT/FILE.gguf   verified files
-    $RUNNER_CACHE_DIR/hf/ORG/REPO/.download/COMMIT/  huggingface_hub's resumable partial downloads
+    $RUNNER_CACHE_DIR/hf/ORG/REPO/.download/COMMIT/  partial downloads, resumed by the next pull
 
 A reference that is cached loads without any network call (run, chat, serve); `runner pull` asks
 the Hub again unless HF_HUB_OFFLINE=1 or the network is down, and then says it uses the cache.
@@ -17,13 +17,14 @@ the Hub again unless HF_HUB_OFFLINE=1 or the network is down, and then says it u
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -300,35 +301,70 @@ def _is_network(exc: BaseException) -> bool:
 
 
 def _download(ref: HubRef, commit: str, part: HubFile, cache: HubCache, quiet: bool) -> Path:
-    """One file into the cache: resumable partial in .download/, visible only once its sha256 matched."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    """One file into the cache, visible only once its sha256 matched. The bytes go to a partial file
+    of runner's own in .download/COMMIT/ (huggingface_hub's own download deletes its partial file
+    when interrupted): a killed pull leaves it, and the next one asks only for the rest (HTTP Range)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers, disable_progress_bars, enable_progress_bars
 
     target = cache.path(ref.repo, commit, part.name)
     if target.exists():
         return target
     staging = cache.repo_dir(ref.repo) / ".download" / commit
+    partial = staging / (part.name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
     if quiet or not sys.stderr.isatty():
         disable_progress_bars()
     else:
         enable_progress_bars()
-    try:
-        got = Path(hf_hub_download(ref.repo, part.name, revision=commit, local_dir=staging, endpoint=endpoint(),
-                                   token=_token()))
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it", file=sys.stderr)
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise _readable_hub_error(exc, ref) from None
-    digest = _sha256(got)
-    if part.sha256 and digest != part.sha256.lower():
-        shutil.rmtree(staging, ignore_errors=True)
-        raise PullError(f"sha256 mismatch for {part.name}: the Hub says {part.sha256}, the download has {digest}; "
-                        "file discarded")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(got, target)
-    shutil.rmtree(staging, ignore_errors=True)  # its resume metadata
+    with _only_download_of(partial):
+        if target.exists():  # another pull finished it while this one waited
+            return target
+        try:
+            url = hf_hub_url(ref.repo, part.name, revision=commit, endpoint=endpoint())
+            meta = get_hf_file_metadata(url, token=_token(), endpoint=endpoint())  # follows the Hub's redirects
+            with partial.open("ab") as fh:
+                http_get(meta.location, fh, resume_size=fh.tell(), headers=build_hf_headers(token=_token()),
+                         expected_size=meta.size or part.size or None, displayed_filename=Path(part.name).name)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it",
+                  file=sys.stderr)
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
+            raise _readable_hub_error(exc, ref) from None
+        digest = _sha256(partial)
+        if part.sha256 and digest != part.sha256.lower():
+            partial.unlink()
+            _remove_empty(staging)
+            raise PullError(f"sha256 mismatch for {part.name}: the Hub says {part.sha256}, the download has "
+                            f"{digest}; file discarded")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, target)
+    _remove_empty(staging)
     return target
+
+
+@contextlib.contextmanager
+def _only_download_of(partial: Path) -> Iterator[None]:
+    """One process appends to a partial file at a time (a second pull waits, then finds the file)."""
+    import fcntl  # NOTE: POSIX only, as the PyPI pull's lock
+
+    with partial.with_name(partial.name + ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _remove_empty(staging: Path) -> None:
+    """Drop the .download folders a finished pull leaves empty (lock files aside)."""
+    for lock in staging.rglob("*.lock"):
+        if not lock.with_name(lock.name.removesuffix(".lock")).exists():
+            lock.unlink(missing_ok=True)
+    for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True) + [staging, staging.parent]:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
 
 
 def _sha256(path: Path) -> str:
