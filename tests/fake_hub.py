@@ -10,6 +10,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
 
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/(?P<rev>[^/?]+))?(?:\?.*)?$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>[^?]+)(?:\?.*)?$")
@@ -23,6 +24,7 @@ class FakeRepo:
     refs: dict[str, str]  # branch/tag -> commit sha
     gated: bool = False  # downloads need a token
     wrong_sha256: bool = False  # the listing reports a sha256 that no download will match
+    downloads: int = 0  # what search reports (0: not listed by search)
 
     def commit_of(self, revision: str) -> str | None:
         return revision if revision in self.commits else self.refs.get(revision)
@@ -87,6 +89,13 @@ class FakeHub:
         self.log.append(Served(h.command, h.path, None, 0))
 
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
+        if h.path.startswith("/api/models?"):  # search: repos whose name holds the text, most downloaded first
+            query = parse_qs(urlparse(h.path).query)
+            text = query.get("search", [""])[0].lower()
+            hits = [{"id": name, "modelId": name, "downloads": repo.downloads, "tags": ["gguf"]}
+                    for name, repo in self.repos.items() if text in name.lower() and repo.downloads]
+            hits.sort(key=lambda hit: -hit["downloads"])
+            return self._json(h, hits[: int(query.get("limit", ["1000"])[0])])
         info, resolve = _INFO.match(h.path), _RESOLVE.match(h.path)
         match = info or resolve
         repo = self.repos.get(match["repo"]) if match else None

@@ -4,6 +4,7 @@ resume, checksums, offline use, one-line errors, and `runner serve hf.co/...` en
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -91,8 +92,9 @@ def fake_hub(tiny_files: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.M
     fake = FakeHub({
         "org/tiny-GGUF": FakeRepo({MAIN: {"tiny-Q4_K_M.gguf": tiny_files["q4"], "tiny-Q8_0.gguf": tiny_files["q8"],
                                           **split, "README.md": b"# tiny"},
-                                   V1: {"tiny-Q8_0.gguf": tiny_files["q8"]}}, {"main": MAIN, "v1": V1}),
-        "org/odd-GGUF": FakeRepo({MAIN: {"odd-Q4_0.gguf": tiny_files["odd"]}}, {"main": MAIN}),
+                                   V1: {"tiny-Q8_0.gguf": tiny_files["q8"]}}, {"main": MAIN, "v1": V1},
+                                  downloads=900),
+        "org/odd-GGUF": FakeRepo({MAIN: {"odd-Q4_0.gguf": tiny_files["odd"]}}, {"main": MAIN}, downloads=1200),
         "org/gated-GGUF": FakeRepo({MAIN: {"g-Q4_0.gguf": tiny_files["q4"]}}, {"main": MAIN}, gated=True),
         "org/corrupt-GGUF": FakeRepo({MAIN: {"c-Q4_0.gguf": tiny_files["q4"]}}, {"main": MAIN}, wrong_sha256=True),
         "org/safetensors": FakeRepo({MAIN: {"model.safetensors": b"x" * 10}}, {"main": MAIN}),
@@ -139,6 +141,8 @@ def test_a_split_model_is_fetched_whole_and_loaded_from_its_first_part(fake_hub:
     try:
         assert loaded.path.name.endswith("-00001-of-00003.gguf") and loaded.name == "hf.co/org/tiny-GGUF:F32"
         assert loaded.info.n_splits == 3
+        parts = sorted(loaded.path.parent.glob("tiny-F32-*.gguf"))
+        assert loaded.info.weights_bytes == sum(p.stat().st_size for p in parts) > loaded.info.file_size
         ids = loaded.text_prompt_ids("the cat")
         assert ids and loaded.model.n_vocab == 264
     finally:
@@ -186,6 +190,29 @@ def test_each_failure_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixtu
     assert main(["pull", ref]) == 1
     err = capsys.readouterr().err
     assert err.startswith("runner: error: " + message) and err.count("\n") == 1, err
+
+
+def test_a_full_disk_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import file_download
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_download, "http_get", disk_full)
+    assert main(["pull", "hf.co/org/tiny-GGUF"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("runner: error: disk full while downloading hf.co/org/tiny-GGUF") and err.count("\n") == 1
+
+
+def test_search_lists_gguf_repos_with_their_quants(fake_hub: FakeHub, tiny_files: dict[str, bytes],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "GGUF"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    q4, q8 = len(tiny_files["q4"]) / 1e9, len(tiny_files["q8"]) / 1e9
+    assert lines[0] == "hf.co/org/odd-GGUF  (1,200 downloads)"
+    assert lines[2] == "hf.co/org/tiny-GGUF  (900 downloads)"
+    assert lines[3].startswith(f"    Q4_K_M {q4:.1f} GB, Q8_0 {q8:.1f} GB, F32 ") and len(lines) == 4
 
 
 def test_no_network_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:

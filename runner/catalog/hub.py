@@ -241,6 +241,39 @@ def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False)
     return paths[0]
 
 
+@dataclass(frozen=True)
+class Found:
+    """One search hit: a GGUF repository, its downloads, and its quants with their sizes."""
+
+    repo: str
+    downloads: int
+    quants: list[tuple[str, int]]
+
+
+def search(text: str, limit: int = 10) -> list[Found]:
+    """The Hub's GGUF repositories matching `text`, most downloaded first, with their quants."""
+    from huggingface_hub import HfApi
+
+    if is_offline():
+        raise PullError("searching needs the Hub, and HF_HUB_OFFLINE is set")
+    api = HfApi(endpoint=endpoint(), token=_token())
+    ref = HubRef(text)
+    try:
+        hits = list(api.list_models(search=text, filter="gguf", sort="downloads", limit=limit))
+    except Exception as exc:  # noqa: BLE001
+        raise _readable_hub_error(exc, ref) from None
+    found = []
+    for hit in hits:
+        try:
+            _, files = _ask_hub(HubRef(hit.id))
+        except PullError:
+            files = []
+        quants = sorted(((quant_tag(parts[0].name) or Path(parts[0].name).stem, _size(parts))
+                         for parts in _models(files)), key=lambda q: q[1])
+        found.append(Found(hit.id, int(getattr(hit, "downloads", 0) or 0), quants))
+    return found
+
+
 def _token() -> str | None:
     return os.environ.get("HF_TOKEN") or None
 

@@ -124,6 +124,18 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from runner.catalog import hub
+
+    found = hub.search(" ".join(args.text), args.limit)
+    if not found:
+        print("no GGUF repositories found")
+    for hit in found:
+        quants = ", ".join(f"{tag} {size / 1e9:.1f} GB" for tag, size in hit.quants) or "no GGUF files listed"
+        print(f"hf.co/{hit.repo}  ({hit.downloads:,} downloads)\n    {quants}")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from runner.catalog import hub
     from runner.catalog.store import ModelStore
@@ -165,7 +177,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows = [
         ("model", ref.name if ref else path.stem),
         ("file", str(path)),
-        ("size", f"{info.file_size / 1e6:.1f} MB"),
+        ("size", f"{info.weights_bytes / 1e6:.1f} MB" + (f" in {info.n_splits} parts" if info.n_splits > 1 else "")),
         ("architecture", info.architecture),
         ("parameters", f"{info.n_params / 1e6:.1f} M"),
         ("quantization", info.quant_type),
@@ -212,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "hf.co/ORG/REPO[:QUANT][@REVISION] / hf.co/ORG/REPO/FILE.gguf from the Hugging Face Hub")
     p.add_argument("name")
     p.add_argument("-v", "--verbose", action="store_true", help="show pip's own output while downloading")
+    p = add("search", cmd_search, "search the Hugging Face Hub for GGUF models: repositories, quants and sizes")
+    p.add_argument("text", nargs="+")
+    p.add_argument("--limit", type=int, default=10, help="most repositories to show (default 10)")
     p = add("list", cmd_list, "list cached models and their sizes")
     p.add_argument("--all", action="store_true", help="list the whole catalog")
     p = add("rm", cmd_rm, "remove a cached model")

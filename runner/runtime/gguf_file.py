@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,15 @@ class GgufInfo:
     def n_splits(self) -> int:
         """How many files the model is split into (1: not split)."""
         return max(1, _count(self.metadata.get("split.count")))
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the whole model: this file, plus the other parts of a split found beside it."""
+        if self.n_splits == 1:
+            return self.file_size
+        stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", self.path.name)
+        parts = [self.path.with_name(f"{stem}-{i:05d}-of-{self.n_splits:05d}.gguf") for i in range(1, self.n_splits + 1)]
+        return sum(p.stat().st_size for p in parts if p.exists())
 
     @property
     def n_ctx_train(self) -> int:

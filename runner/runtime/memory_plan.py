@@ -46,7 +46,7 @@ class MemoryPlan:
         # logits for every output row + activations of one micro-batch (a generous estimate)
         compute = info.n_vocab * 4 * (options.parallel + n_ubatch) + n_ubatch * (n_embd + n_ff) * 4 * 8 + 32 * _MIB
         return cls(
-            weights_bytes=info.file_size,
+            weights_bytes=info.weights_bytes,
             kv_per_slot_bytes=int(kv_per_token * options.ctx_size),
             n_slots=options.parallel,
             compute_bytes=compute,
