@@ -77,8 +77,10 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
+    # NOTE: each answer is logged before it is written: a client that has its answer finds it logged
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
+        self.log.append(Served(h.command, h.path, None, 0))
         h.send_response(status)
         h.send_header("X-Error-Code", code)
         h.send_header("X-Error-Message", message)
@@ -86,7 +88,6 @@ class FakeHub:
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         h.wfile.write(body)
-        self.log.append(Served(h.command, h.path, None, 0))
 
     def _answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         if h.path.startswith("/api/models?"):  # search: repos whose name holds the text, most downloaded first
@@ -123,17 +124,19 @@ class FakeHub:
 
     def _json(self, h: BaseHTTPRequestHandler, obj: object) -> None:
         raw = json.dumps(obj).encode()
+        self.log.append(Served(h.command, h.path, None, len(raw)))
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(raw)))
         h.end_headers()
         h.wfile.write(raw)
-        self.log.append(Served(h.command, h.path, None, len(raw)))
 
     def _file(self, h: BaseHTTPRequestHandler, data: bytes, commit: str, sha256: str, body: bool) -> None:
         wanted = h.headers.get("range")
         start = int(re.match(r"bytes=(\d+)-", wanted)[1]) if wanted else 0
         part = data[start:]
+        stall = body and self.stall_after is not None and len(part) > self.stall_after
+        self.log.append(Served(h.command, h.path, wanted, (self.stall_after if stall else len(part)) if body else 0))
         h.send_response(206 if wanted else 200)
         h.send_header("Content-Length", str(len(part)))
         h.send_header("Accept-Ranges", "bytes")
@@ -144,16 +147,11 @@ class FakeHub:
         if wanted:
             h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         h.end_headers()
-        sent = 0
-        if body:
-            if self.stall_after is not None and len(part) > self.stall_after:
-                h.wfile.write(part[: self.stall_after])
-                h.wfile.flush()
-                sent = self.stall_after
-                self.log.append(Served(h.command, h.path, wanted, sent))
-                self.release.wait()
-                return
-            h.wfile.write(part)
-            sent = len(part)
-        self.log.append(Served(h.command, h.path, wanted, sent))
-
+        if not body:
+            return
+        if stall:
+            h.wfile.write(part[: self.stall_after])
+            h.wfile.flush()
+            self.release.wait()
+            return
+        h.wfile.write(part)

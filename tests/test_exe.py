@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fake_hub import FakeHub, FakeRepo
+from tiny_gguf import write_tiny_gguf
+
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
@@ -36,8 +39,8 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return {"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": str(home), **extra}
 
 
-def run_exe(exe: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["env", "-i", *[f"{k}={v}" for k, v in clean_env(home).items()], str(exe), *args],
+def run_exe(exe: Path, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["env", "-i", *[f"{k}={v}" for k, v in clean_env(home, **env).items()], str(exe), *args],
                           capture_output=True, text=True, cwd=home, timeout=120)
 
 
@@ -47,6 +50,20 @@ def test_version_and_run_on_the_embedded_model(exe: Path, home: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip()) > 0
     assert not list(home.glob("_MEI*"))
+
+
+def test_the_executable_pulls_and_runs_a_hub_model(exe: Path, home: Path, tmp_path: Path) -> None:
+    commit = "1" * 40
+    hub = FakeHub({"org/tiny-GGUF": FakeRepo({commit: {"tiny-Q8_0.gguf": write_tiny_gguf(tmp_path / "t.gguf").read_bytes()}},
+                                             {"main": commit})})
+    url = hub.start()
+    try:
+        proc = run_exe(exe, home, "run", "hf.co/org/tiny-GGUF", "-p", "the", "--max-tokens", "3", "--temperature", "0",
+                       "-q", HF_ENDPOINT=url)
+    finally:
+        hub.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (home / ".cache" / "runner" / "models" / "hf" / "org" / "tiny-GGUF" / commit / "tiny-Q8_0.gguf").exists()
 
 
 def start(exe: Path, home: Path, *args: str) -> tuple[subprocess.Popen, str]:

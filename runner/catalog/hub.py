@@ -231,8 +231,8 @@ def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False)
     try:
         commit, listing = _ask_hub(ref)
     except PullError as exc:
-        if cached is not None and "cannot reach" in str(exc):
-            log(f"using cached {ref.text} (the Hub is unreachable: {exc})")
+        if cached is not None and str(exc).startswith("no network"):
+            log(f"using cached {ref.text} (the Hub at {endpoint()} is unreachable)")
             return cached
         raise
     parts = choose(ref, listing)

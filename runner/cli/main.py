@@ -114,7 +114,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         parts = hub.HubCache(store.root).cached_parts(hub_ref) or [path]
         size = sum(p.stat().st_size for p in parts)
         verb = "already cached:" if was_cached else "pulled"
-        print(f"{verb} {args.name} ({size / 1e6:.0f} MB{f', {len(parts)} parts' if len(parts) > 1 else ''}) → {path}")
+        print(f"{verb} {args.name} ({size / 1e6:.1f} MB{f', {len(parts)} parts' if len(parts) > 1 else ''}) → {path}")
         return 0
     ref = store.catalog.resolve(args.name)
     was_cached = store.path_of(ref).exists()
@@ -154,8 +154,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not cached:
         print(f"no models cached in {store.root} (`runner pull NAME`, `runner list --all` for the catalog)")
         return 0
+    width = max(34, *(len(c.name) for c in cached))
     for c in cached:
-        print(f"{c.name:34} {c.size_bytes / 1e6:9.1f} MB  {c.path}")
+        print(f"{c.name:{width}} {c.size_bytes / 1e6:9.1f} MB  {c.path}")
     print(f"cache: {store.root}")
     return 0
 
