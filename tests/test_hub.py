@@ -192,6 +192,12 @@ def test_each_failure_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixtu
     assert err.startswith("runner: error: " + message) and err.count("\n") == 1, err
 
 
+def test_a_gated_repo_pulls_with_hf_token(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    assert main(["pull", "hf.co/org/gated-GGUF"]) == 0
+    assert next(ModelStore().root.rglob("g-Q4_0.gguf")).stat().st_size > 0
+
+
 def test_a_full_disk_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import file_download
