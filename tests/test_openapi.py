@@ -58,7 +58,7 @@ def test_the_document_lists_every_declared_parameter() -> None:
 
 def test_the_server_serves_its_document(app: object) -> None:
     client = TestClient(app, base_url="http://127.0.0.1")  # no `with`: that would run (and end) the lifespan again
-    assert client.get("/openapi.json").json() == openapi_document(needs_key=False)
+    assert client.get("/openapi.json").json() == openapi_document(needs_key=False, max_n=2)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])

@@ -25,7 +25,7 @@ BAD_CHAT = [
     ({"messages": MSG, "top_p": -0.5}, 400, "top_p", "invalid_value"),
     ({"messages": MSG, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     ({"messages": MSG, "max_tokens": True}, 400, "max_tokens", "invalid_type"),
-    ({"messages": MSG, "n": 2}, 400, "n", "unsupported_value"),
+    ({"messages": MSG, "n": 0}, 400, "n", "invalid_value"),
     ({"messages": MSG, "stop": [1]}, 400, "stop", "invalid_type"),
     ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
     ({"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),

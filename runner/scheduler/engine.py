@@ -62,10 +62,18 @@ class Engine:
             scheduler.on_kv_copy = speculator.on_copy
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
-        seq = Sequence(request, sink, self.vocab.token_bytes, self.vocab.eog_ids)
-        self.scheduler.submit(seq)
+        return self.submit_group([request], [sink])[0]
+
+    def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> list[Sequence]:
+        """Several generations of one prompt (n choices): the first computes the prompt, the others
+        start from a copy of its KV once it is there, each in its own slot with its own sampler."""
+        seqs = [Sequence(r, sink, self.vocab.token_bytes, self.vocab.eog_ids) for r, sink in zip(requests, sinks,
+                                                                                                 strict=True)]
+        for seq in seqs[1:]:
+            seq.fork_of = seqs[0]
+        self.scheduler.submit_group(seqs)
         self.stats.n_requests += 1
-        return seq
+        return seqs
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.cancel(request_id)

@@ -61,10 +61,15 @@ class Scheduler:
         return len(self.waiting) + n_arriving - n_free >= self.max_queue
 
     def submit(self, seq: Sequence) -> None:
-        self.check_prompt(len(seq.prompt_ids))
-        if self.is_queue_full():
+        self.submit_group([seq])
+
+    def submit_group(self, seqs: list[Sequence]) -> None:
+        """Queue sequences together (a request's n choices): all of them, or none when the queue is full."""
+        for seq in seqs:
+            self.check_prompt(len(seq.prompt_ids))
+        if self.is_queue_full(len(seqs) - 1):
             raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
-        self.waiting.append(seq)
+        self.waiting.extend(seqs)
 
     def cancel(self, request_id: str) -> None:
         for seq in self.waiting:
@@ -170,6 +175,9 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.pool.has_free():
+            head = self.waiting[0].fork_of
+            if head is not None and not head.is_prompt_computed:
+                break  # (first come, first served: nothing overtakes it; its first choice is prefilling)
             seq = self.waiting.popleft()
             place = self.pool.place(seq.prompt_ids)
             slot, n_keep = place.slot, place.n_keep

@@ -31,6 +31,15 @@ class Sequence:
         self.n_draft_accepted = 0
         self.finish_reason: FinishReason | None = None
         self.is_cancel_requested = False
+        # another choice of the same request (n > 1): admitted once that one's prompt is in the KV,
+        # so that its slot copies the prompt's KV instead of computing it again
+        self.fork_of: Sequence | None = None
+        self._is_prompt_computed = False
+
+    @property
+    def is_prompt_computed(self) -> bool:
+        """The prompt is in a slot's KV (or never will be: the request ended)."""
+        return self._is_prompt_computed or self.is_finished
 
     @property
     def request_id(self) -> str:
@@ -64,6 +73,7 @@ class Sequence:
 
         Returns how many drafts were accepted (they stay in the KV) and the token to feed next
         (None: the request finished)."""
+        self._is_prompt_computed = True
         verdict = verify(self.sampler, rows, draft_ids, draft_dists)
         self.n_draft_proposed += len(draft_ids)
         self.n_draft_accepted += verdict.n_accepted

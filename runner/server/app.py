@@ -47,7 +47,7 @@ from runner.server import anthropic, openai_responses
 from runner.server.protocol import ChatParams, CommonParams, check_model, parse_chat, parse_completion, parse_json
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.responses import ResponseBuilder
+from runner.server.responses import ChoicesBuilder, ResponseBuilder
 
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 RETRY_AFTER_S = 1
@@ -108,9 +108,13 @@ def _check_auth(state: ServerState, request: Request, given: str | None = None) 
 class ChatRequest:
     """A chat turn made ready for the engine, whichever dialect asked for it."""
 
-    gen: GenerationRequest
+    gens: list[GenerationRequest]  # one per choice (n), each with its own constraint state and seed
     common: CommonParams  # the request's parameters, with the tools' grammar where they need one
     reading: ToolReading | None  # how to read tool calls back from the reply (None: no tools)
+
+    @property
+    def gen(self) -> GenerationRequest:
+        return self.gens[0]
 
 
 async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
@@ -134,16 +138,38 @@ async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
         offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
         grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
         common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
-    constraint = None if tokenize_only else await _constraint(state, common)
-    if tools and params.tool_choice == "auto" and constraint is not None:
-        spec = common.grammar
-        assert spec is not None and reading is not None
-        constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
-                                    loaded.model.token_bytes)
     if tokenize_only:
-        return ChatRequest(GenerationRequest("count", prompt_ids), common, reading)
-    gen = _generation_request(state, prefix, prompt_ids, common, loaded.template.stop, constraint)
-    return ChatRequest(gen, common, reading)
+        return ChatRequest([GenerationRequest("count", prompt_ids)], common, reading)
+    constraints = []
+    for _ in range(common.n):  # each choice follows the grammar on its own
+        constraint = await _constraint(state, common)
+        if tools and params.tool_choice == "auto" and constraint is not None:
+            spec = common.grammar
+            assert spec is not None and reading is not None
+            constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
+                                        loaded.model.token_bytes)
+        constraints.append(constraint)
+    gen = _generation_request(state, prefix, prompt_ids, common, loaded.template.stop, constraints[0])
+    return ChatRequest(_choices(gen, constraints), common, reading)
+
+
+def _check_n(state: ServerState, n: int, param: str = "n") -> None:
+    parallel = state.loaded.options.parallel
+    if n > parallel:
+        raise invalid(f"'{param}' is {n}, but this server has {parallel} slots (--parallel {parallel}) and each "
+                      f"choice takes one; ask for at most {parallel}", param)
+
+
+def _choices(gen: GenerationRequest, constraints: list[Constraint | LazyConstraint | None]) -> list[GenerationRequest]:
+    """The request's choices: the first as asked, the others with their own ids, constraints and
+    seeds (seed + i: choice i is reproducible)."""
+    out = [gen]
+    for i, constraint in enumerate(constraints[1:], 1):
+        seed = gen.sampling.seed
+        sampling = gen.sampling if seed is None else dataclasses.replace(gen.sampling, seed=(seed + i) % 2**64)
+        out.append(dataclasses.replace(gen, request_id=f"{gen.request_id}-{i}", sampling=sampling,
+                                       constraint=constraint))
+    return out
 
 
 def _prompt_param(prefix: str) -> str:
@@ -203,25 +229,34 @@ def _generation_request(
     )
 
 
-async def _run(state: ServerState, request: Request, gen: GenerationRequest, builder: ResponseBuilder,
+async def _run(state: ServerState, request: Request, gens: list[GenerationRequest], builder: Any,
                common: CommonParams) -> Response:
+    """Submit the request's generations (one per choice) and answer: a stream, or the whole reply."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
+    sink = state.event_pump().sink_for(events)
     try:
-        state.engine_thread.submit(gen, state.event_pump().sink_for(events))
+        state.engine_thread.submit_group(gens, [sink] * len(gens))
     except QueueFullError as exc:
         raise ApiError(503, f"The server is busy: {exc}; retry shortly", "server_error", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineStoppedError as exc:
         raise ApiError(503, str(exc), "server_error", code="engine_stopped") from None
+    ids = [gen.request_id for gen in gens]
     if common.stream:
-        return StreamingResponse(_stream(state, gen.request_id, events, builder, common.include_usage),
+        return StreamingResponse(_stream(state, ids, events, builder, common.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(state, request, gen.request_id, events, builder)
+    return await _collect(state, request, ids, events, builder)
 
 
-async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[StreamEvent], builder: ResponseBuilder,
+def _cancel(state: ServerState, request_ids: list[str]) -> None:
+    for request_id in request_ids:
+        state.engine_thread.cancel(request_id)
+
+
+async def _stream(state: ServerState, request_ids: list[str], events: asyncio.Queue[StreamEvent], builder: Any,
                   include_usage: bool) -> AsyncIterator[str]:
     finished = False
+    n_running = len(request_ids)
     try:
         first = builder.stream_start()
         if first:
@@ -232,7 +267,8 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
                 ready.append(events.get_nowait())
             out = []
             for event in ready:
-                finished = event.is_final
+                n_running -= event.is_final
+                finished = n_running == 0
                 if event.error is not None:  # the stream ends with the error event
                     yield "".join(out) + builder.stream_error(event.error)
                     return
@@ -243,8 +279,8 @@ async def _stream(state: ServerState, request_id: str, events: asyncio.Queue[Str
                 yield "".join(out)
         yield builder.stream_end(include_usage)
     finally:
-        if not finished:  # the client went away: free its slot
-            state.engine_thread.cancel(request_id)
+        if not finished:  # the client went away (or a choice failed): free the slots
+            _cancel(state, request_ids)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -253,11 +289,12 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-async def _collect(state: ServerState, request: Request, request_id: str, events: asyncio.Queue[StreamEvent],
-                   builder: ResponseBuilder) -> Response:
+async def _collect(state: ServerState, request: Request, request_ids: list[str], events: asyncio.Queue[StreamEvent],
+                   builder: Any) -> Response:
     """A whole (non-streamed) reply; a client that leaves meanwhile cancels its request at once."""
     gone = asyncio.ensure_future(_wait_for_disconnect(request))
     finished = False
+    n_running = len(request_ids)
     try:
         while True:
             next_event = asyncio.ensure_future(events.get())
@@ -270,13 +307,14 @@ async def _collect(state: ServerState, request: Request, request_id: str, events
                 finished = True
                 raise ApiError(500, event.error, "server_error", code="generation_failed")
             builder.add(event)
-            if event.is_final:
+            n_running -= event.is_final
+            if n_running == 0:
                 finished = True
                 return JSONResponse(builder.whole())
     finally:
         gone.cancel()
-        if not finished:  # the client went away (or this task was cancelled): free the slot
-            state.engine_thread.cancel(request_id)
+        if not finished:  # the client went away (or this task was cancelled, or a choice failed): free the slots
+            _cancel(state, request_ids)
 
 
 def _page_template() -> jinja2.Template:
@@ -291,11 +329,15 @@ def create_app(state: ServerState) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         params = parse_chat(await _api_body(state, request))
         check_model(params.common.model, state.model_ids)
+        _check_n(state, params.common.n)
         chat = await _chat_request(state, params, "chatcmpl")
-        builder = ResponseBuilder("chat", chat.gen.request_id, chat.common.model or served_name,
-                                  loaded.model.token_bytes, chat.common.n_top_logprobs is not None,
-                                  _reasoning(state, chat.gen.prompt_ids), chat.reading)
-        return await _run(state, request, chat.gen, builder, chat.common)
+        builders = [ResponseBuilder("chat", chat.gen.request_id, chat.common.model or served_name,
+                                    loaded.model.token_bytes, chat.common.n_top_logprobs is not None,
+                                    _reasoning(state, chat.gen.prompt_ids), chat.reading, index=i)
+                    for i in range(len(chat.gens))]
+        builder = builders[0] if len(builders) == 1 else ChoicesBuilder(builders, [g.request_id for g in chat.gens],
+                                                                        len(builders))
+        return await _run(state, request, chat.gens, builder, chat.common)
 
     async def messages(request: Request) -> Response:
         try:
@@ -305,7 +347,7 @@ def create_app(state: ServerState) -> Starlette:
             builder = anthropic.MessageBuilder(chat.gen.request_id, chat.common.model or served_name,
                                                len(chat.gen.prompt_ids), chat.common.stop,
                                                _reasoning(state, chat.gen.prompt_ids), chat.reading)
-            return await _run(state, request, chat.gen, builder, chat.common)
+            return await _run(state, request, chat.gens, builder, chat.common)
         except ApiError as exc:
             return anthropic.error_response(exc)
 
@@ -317,7 +359,7 @@ def create_app(state: ServerState) -> Starlette:
         builder = openai_responses.ResponsesBuilder(
             chat.gen.request_id, chat.common.model or served_name, len(chat.gen.prompt_ids),
             openai_responses.echoed(body, params), _reasoning(state, chat.gen.prompt_ids), chat.reading)
-        return await _run(state, request, chat.gen, builder, chat.common)
+        return await _run(state, request, chat.gens, builder, chat.common)
 
     async def count_tokens(request: Request) -> Response:
         try:
@@ -337,18 +379,26 @@ def create_app(state: ServerState) -> Starlette:
         else:
             _check_fits(state, len(params.prompt), "prompt")
             prompt_ids = await run_in_threadpool(loaded.text_prompt_ids, params.prompt)
-        constraint = await _constraint(state, params.common)
-        gen = _generation_request(state, "cmpl", prompt_ids, params.common, (), constraint)
-        builder = ResponseBuilder("completion", gen.request_id, params.common.model or served_name,
-                                  loaded.model.token_bytes, params.common.n_top_logprobs is not None)
-        return await _run(state, request, gen, builder, params.common)
+        common = params.common
+        _check_n(state, params.best_of, "best_of" if params.best_of > common.n else "n")
+        constraints = [await _constraint(state, common) for _ in range(params.best_of)]
+        scoring = params.best_of > common.n and common.n_top_logprobs is None
+        engine_common = dataclasses.replace(common, n_top_logprobs=0) if scoring else common  # best_of ranks by them
+        gen = _generation_request(state, "cmpl", prompt_ids, engine_common, (), constraints[0])
+        gens = _choices(gen, constraints)
+        builders = [ResponseBuilder("completion", gen.request_id, common.model or served_name,
+                                    loaded.model.token_bytes, common.n_top_logprobs is not None, index=i)
+                    for i in range(len(gens))]
+        builder = builders[0] if len(builders) == 1 else ChoicesBuilder(builders, [g.request_id for g in gens],
+                                                                        common.n)
+        return await _run(state, request, gens, builder, common)
 
     async def models(request: Request) -> Response:
         _check_auth(state, request)
         data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
         return JSONResponse({"object": "list", "data": data})
 
-    document = openapi_document(needs_key=state.api_key is not None)
+    document = openapi_document(needs_key=state.api_key is not None, max_n=loaded.options.parallel)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

@@ -37,8 +37,8 @@ class SlotView:
 
 @dataclass(frozen=True)
 class _Submit:
-    request: GenerationRequest
-    sink: EventSink
+    requests: list[GenerationRequest]  # one, or a request's n choices (submitted together)
+    sinks: list[EventSink]
 
 
 class EngineThread:
@@ -73,15 +73,19 @@ class EngineThread:
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue a request; raises QueueFullError when --max-queue requests already wait."""
+        self.submit_group([request], [sink])
+
+    def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> None:
+        """Queue a request's n choices together (the prompt is computed once: Engine.submit_group)."""
         scheduler = self.engine.scheduler
-        scheduler.check_prompt(len(request.prompt_ids))
+        scheduler.check_prompt(len(requests[0].prompt_ids))
         with self._wake:
             if self.crash is not None or self._stopping:
                 raise EngineStoppedError("the engine has stopped (see the server's log); restart the server")
-            if scheduler.is_queue_full(self._n_arriving):
+            if scheduler.is_queue_full(self._n_arriving + len(requests) - 1):
                 raise QueueFullError(f"the queue is full ({scheduler.max_queue} requests waiting)")
-            self._n_arriving += 1
-            self._inbox.append(_Submit(request, sink))
+            self._n_arriving += len(requests)
+            self._inbox.append(_Submit(list(requests), list(sinks)))
             self._wake.notify()
 
     def cancel(self, request_id: str) -> None:
@@ -125,9 +129,9 @@ class EngineThread:
                 self._report(exc)
             return
         with self._wake:
-            self._n_arriving -= 1
+            self._n_arriving -= len(command.requests)
         try:
-            self.engine.submit(command.request, command.sink)
+            self.engine.submit_group(command.requests, command.sinks)
         except QueueFullError as exc:  # the queue filled between the check and now
             _fail(command, str(exc))
         except Exception as exc:  # noqa: BLE001
@@ -178,4 +182,5 @@ class EngineThread:
 
 
 def _fail(command: _Submit, message: str) -> None:
-    command.sink(StreamEvent(command.request.request_id, "", finish_reason=FinishReason.ERROR, error=message))
+    for request, sink in zip(command.requests, command.sinks, strict=True):
+        sink(StreamEvent(request.request_id, "", finish_reason=FinishReason.ERROR, error=message))

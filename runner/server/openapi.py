@@ -103,7 +103,8 @@ def _responses(ok: dict[str, Any], streams: bool, errors: list[str]) -> dict[str
     return out
 
 
-def openapi_document(needs_key: bool) -> dict[str, Any]:
+def openapi_document(needs_key: bool, max_n: int = 1) -> dict[str, Any]:
+    """The document; `max_n`: the server's slot count, the most choices (n, best_of) one request gets."""
     api_errors = [s for s in ERROR_STATUSES if s != "401" or needs_key]
     get_errors = ["403"] + (["401"] if needs_key else [])
     chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
@@ -134,6 +135,11 @@ def openapi_document(needs_key: bool) -> dict[str, Any]:
                         "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         },
     }
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        properties = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+        for name in ("n", "best_of"):
+            if name in properties:
+                properties[name] = {**properties[name], "maximum": max_n}
     if needs_key:
         doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
         doc["security"] = [{"bearer": []}]

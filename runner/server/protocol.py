@@ -32,6 +32,7 @@ class CommonParams:
     n_top_logprobs: int | None
     ignore_eos: bool  # extension (as llama.cpp's server): generate max_tokens even past end-of-text
     grammar: GrammarSpec | None = None  # response_format / grammar / json_schema: what the reply must follow
+    n: int = 1  # choices: generations of the one prompt (the server caps it at its slot count)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ChatParams:
 class CompletionParams:
     common: CommonParams
     prompt: str | tuple[int, ...]
+    best_of: int = 1  # generate this many choices, return the n with the highest mean token logprob
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -109,7 +111,8 @@ def _is_kind(value: Any, kind: str) -> bool:
 
 
 MODEL = Field("model", "string", "the served model id or an alias (optional: one model is served)")
-N = Field("n", "integer", "choices per request: only 1", 1, 1)
+N = Field("n", "integer", "choices per request (at most the server's --parallel)", 1)
+BEST_OF = Field("best_of", "integer", "generate this many, return the n with the highest mean logprob (not streamed)", 1)
 STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
 INCLUDE_USAGE = Field("include_usage", "boolean", "a last chunk with the usage")
 MAX_COMPLETION_TOKENS = Field("max_completion_tokens", "integer", "most tokens in the reply", 1)
@@ -130,12 +133,12 @@ SAMPLING = {  # SamplingParams field -> its request parameter
 }
 COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNORE_EOS, *SAMPLING.values())
 CHAT_FIELDS = (*COMMON_FIELDS, CHAT_LOGPROBS, TOP_LOGPROBS)
-COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS)
+COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS, BEST_OF)
 # OpenAI parameters not done here (yet): refused by name instead of silently ignored, unless the
 # value asks for nothing (tool_choice "none", an empty logit_bias, response_format text, ...)
 NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [], "function_call": lambda v: v == "none",
-    "best_of": lambda v: v == 1, "echo": lambda v: v is False, "suffix": lambda v: v == "",
+    "echo": lambda v: v is False, "suffix": lambda v: v == "",
 }
 
 
@@ -226,11 +229,7 @@ def _stop(body: dict) -> tuple[str, ...]:
 def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     _refuse_unsupported(body)
     model = MODEL.read(body)
-    n = body.get("n")
-    if n is not None and n != 1 and _is_kind(n, "integer") and n > 1:
-        raise invalid(f"'n' must be 1: this server returns one choice per request (got n={n})", "n",
-                      "unsupported_value")
-    N.read(body)
+    n = N.read(body, 1)
     stream = STREAM.read(body, False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -252,7 +251,7 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     sampling = SamplingParams(**{name: field.read(body, getattr(_DEFAULTS, name)) for name, field in SAMPLING.items()},
                               seed=None if seed is None else seed % 2**64, logit_bias=_logit_bias(body))
     return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top,
-                        IGNORE_EOS.read(body, False), _grammar(body))
+                        IGNORE_EOS.read(body, False), _grammar(body), n)
 
 
 def _content(value: Any, index: int, role: str) -> str:
@@ -273,6 +272,8 @@ def _content(value: Any, index: int, role: str) -> str:
 
 
 def parse_chat(body: dict[str, Any]) -> ChatParams:
+    if body.get("best_of") not in (None, 1):
+        raise invalid("'best_of' is a /v1/completions parameter; chat takes 'n'", "best_of", "unsupported_parameter")
     messages = body.get("messages")
     if messages is None:
         raise invalid("'messages' is required", "messages", "missing_required_parameter")
@@ -374,7 +375,13 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
         prompt = tuple(prompt)
     elif not isinstance(prompt, str):
         raise invalid("'prompt' must be a string, a list of one string, or a list of token ids", "prompt", "invalid_type")
-    return CompletionParams(_common(body, logprobs_key_is_int=True), prompt)
+    common = _common(body, logprobs_key_is_int=True)
+    best_of = BEST_OF.read(body, common.n)
+    if best_of < common.n:
+        raise invalid(f"'best_of' ({best_of}) must be at least 'n' ({common.n})", "best_of")
+    if best_of > common.n and common.stream:
+        raise invalid("'best_of' cannot be streamed: the best choices are known only at the end", "best_of")
+    return CompletionParams(common, prompt, best_of)
 
 
 def check_model(requested: str | None, served: list[str]) -> None:

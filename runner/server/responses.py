@@ -94,8 +94,10 @@ class ResponseBuilder:
     """One request's response: `chunk()` per event when streaming, `whole()` at the end otherwise."""
 
     def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool,
-                 reasoning: ReasoningSplitter | None = None, tools: ToolReading | None = None) -> None:
+                 reasoning: ReasoningSplitter | None = None, tools: ToolReading | None = None,
+                 index: int = 0) -> None:
         self.is_chat = kind == "chat"
+        self.index = index  # which of the request's n choices this builds
         self.tools = tools  # chat with tools: the reply is read for calls once whole (streamed: sent at the end)
         self.reasoning = reasoning  # chat: split <think>…</think> into reasoning_content (None: text stays inline)
         self.request_id = request_id
@@ -110,7 +112,7 @@ class ResponseBuilder:
         self.usage: Usage | None = None
         # chunk_sse's template around a text delta: the envelope with its one choice cut open
         head = json.dumps({**self._envelope([], chunk=True), "choices": None}, ensure_ascii=False)
-        self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": 0, '
+        self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": ' + str(index) + ', '
                            + ('"delta": {"content": ' if self.is_chat else '"text": '))
         self._text_tail = ("}" if self.is_chat else "") + ', "logprobs": null, "finish_reason": null'
 
@@ -140,7 +142,7 @@ class ResponseBuilder:
         if not self.is_chat:
             return None
         delta = {"role": "assistant", "content": ""}
-        return self._envelope([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], chunk=True)
+        return self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}], chunk=True)
 
     def chunk(self, event: StreamEvent) -> dict[str, Any] | None:
         """The chunk for one event (None when it carries nothing to send)."""
@@ -154,7 +156,7 @@ class ResponseBuilder:
             delta = self._delta(event.text, event.is_final, reason)
             if not delta and reason is None and not event.logprobs:
                 return None  # all of it held back (a tag may be arriving)
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             if event.drafted:  # extension: per token of this chunk, accepted from a draft or not
                 choice["drafted"] = list(event.drafted)
         else:
@@ -164,7 +166,7 @@ class ResponseBuilder:
                                    lp.text_offset[n_before:]).json()
                 if self.wants_logprobs else None
             )
-            choice = {"index": 0, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+            choice = {"index": self.index, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
             if event.drafted:
                 choice["drafted"] = list(event.drafted)
         return self._envelope([choice], chunk=True)
@@ -215,9 +217,9 @@ class ResponseBuilder:
                 deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
         elif content:
             deltas.append({"content": content})
-        chunks = [self._envelope([{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
+        chunks = [self._envelope([{"index": self.index, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
                   for d in deltas]
-        chunks.append(self._envelope([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
+        chunks.append(self._envelope([{"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}],
                                      chunk=True))
         return "".join(sse(c) for c in chunks)
 
@@ -255,8 +257,62 @@ class ResponseBuilder:
                 message["tool_calls"] = [{"id": c.id, "type": "function",
                                           "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
                 reason = "tool_calls" if reason == "stop" else reason
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
+            choice = {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = self.completion_logprobs.json() if self.wants_logprobs else None
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            choice = {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return {**self._envelope([choice], chunk=False), "usage": usage_json(self.usage)}
+
+
+class ChoicesBuilder:
+    """A request's n choices (each its own ResponseBuilder, fed by its own engine request) as one
+    response: chunks keep their choice's index; usage counts the prompt once and every choice's
+    tokens. With best_of above n, the n with the highest mean token logprob are returned."""
+
+    def __init__(self, builders: list[ResponseBuilder], request_ids: list[str], n_return: int) -> None:
+        self.builders = builders
+        self.by_id = {rid: b for rid, b in zip(request_ids, builders, strict=True)}
+        self.n_return = n_return
+        self.sum_logprob = {id(b): 0.0 for b in builders}
+        self.n_tokens = {id(b): 0 for b in builders}
+
+    def add(self, event: StreamEvent) -> None:
+        builder = self.by_id[event.request_id]
+        for lp in event.logprobs:
+            self.sum_logprob[id(builder)] += lp.logprob
+            self.n_tokens[id(builder)] += 1
+        builder.add(event)
+
+    def _usage(self) -> Usage:
+        usages = [b.usage for b in self.builders if b.usage is not None]
+        first = usages[0]
+        return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens,
+                     sum(u.draft_proposed for u in usages), sum(u.draft_accepted for u in usages))
+
+    def mean_logprob(self, builder: ResponseBuilder) -> float:
+        n = self.n_tokens[id(builder)]
+        return self.sum_logprob[id(builder)] / n if n else float("-inf")
+
+    def whole(self) -> dict[str, Any]:
+        chosen = self.builders
+        if self.n_return < len(self.builders):  # best_of: the best n, best first
+            chosen = sorted(self.builders, key=self.mean_logprob, reverse=True)[: self.n_return]
+        choices = []
+        for index, builder in enumerate(chosen):
+            builder.index = index
+            choices.append(builder.whole()["choices"][0])
+        return {**self.builders[0]._envelope(choices, chunk=False), "usage": usage_json(self._usage())}
+
+    def stream_start(self) -> str:
+        return "".join(b.stream_start() for b in self.builders)
+
+    def chunk_sse(self, event: StreamEvent) -> str | None:
+        return self.by_id[event.request_id].chunk_sse(event)
+
+    def stream_error(self, message: str) -> str:
+        return self.builders[0].stream_error(message)
+
+    def stream_end(self, include_usage: bool) -> str:
+        first = self.builders[0]
+        first.usage = self._usage()
+        return first.stream_end(include_usage)
