@@ -22,6 +22,7 @@ class BatchRow:
     draft_dists: list[Distribution | None] = field(default_factory=list)
     n_accepted: int = 0  # set by postprocess
     is_forced: bool = False  # the drafts are the grammar's only continuation (jump-forward), not a drafter's
+    n_prompt_logits: int = 0  # the first logits rows score prompt tokens (a request that asked for prompt logprobs)
 
     @property
     def seq_id(self) -> int:  # the runtime's sequence id is the slot's

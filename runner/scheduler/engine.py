@@ -107,7 +107,8 @@ class Engine:
             prefetch_masks([c for row in constrained
                             if row.n_logits and (c := row.slot.seq.request.constraint).is_active])
         self.scheduler.postprocess(plan, logits)
-        self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows if row.n_logits)
+        self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows
+                                             if row.n_logits > row.n_prompt_logits)
         if self.speculator is not None:
             self.speculator.learn(plan, self.clock() - step_started)
         return plan.n_tokens

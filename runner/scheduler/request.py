@@ -29,6 +29,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     speculate: bool = True  # False: never draft for this request, whatever the server's --spec
     constraint: Constraint | LazyConstraint | None = None  # the reply must follow this grammar (fresh per request)
+    # score the prompt: each prompt token's logprob (and this many alternatives) from the prefill's
+    # own logits; the prompt is then computed whole, never taken from the prefix cache. None: no
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class StreamEvent:
     usage: Usage | None = None
     error: str | None = None
     stop_string: str | None = None  # the stop string that ended the reply, if one did
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # prompt tokens 1.. (the first has none), once, when scored
 
     @property
     def is_final(self) -> bool:

@@ -16,7 +16,7 @@ from runner.errors import RunnerError
 from runner.scheduler.batch import BatchPlan, BatchRow
 from runner.scheduler.request import FinishReason
 from runner.scheduler.sequence import Sequence
-from runner.scheduler.slots import Slot, SlotPool, SlotState
+from runner.scheduler.slots import Placement, Slot, SlotPool, SlotState
 
 
 class QueueFullError(RunnerError):
@@ -113,7 +113,9 @@ class Scheduler:
             n_chunk = min(slot.n_prompt_left, budget)
             chunk = list(slot.seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
             is_last = n_chunk == slot.n_prompt_left
-            plan.rows.append(BatchRow(slot, chunk, slot.n_cached, 1 if is_last else 0))
+            # each position's logits predict the next prompt token (the last one's: the reply's first)
+            n_scored = (n_chunk - is_last) if slot.seq.request.prompt_logprobs is not None else 0
+            plan.rows.append(BatchRow(slot, chunk, slot.n_cached, n_scored + is_last, n_prompt_logits=n_scored))
             budget -= n_chunk
         return plan
 
@@ -129,8 +131,16 @@ class Scheduler:
     def _take(self, row: BatchRow, rows: np.ndarray) -> None:
         slot, seq = row.slot, row.slot.seq
         assert seq is not None
-        if row.n_logits == 0:
+        if row.n_prompt_logits:
+            seq.score_prompt(row.first_pos, rows[: row.n_prompt_logits])
+            rows = rows[row.n_prompt_logits :]
+        if row.n_logits == row.n_prompt_logits:  # a prompt chunk, not its last
             slot.append(row.token_ids)
+            return
+        if seq.request.max_tokens == 0:  # scoring only: the prompt is in, nothing is generated
+            slot.append(row.token_ids)
+            seq.finish(FinishReason.LENGTH)
+            self.pool.release(slot)
             return
         slot.state = SlotState.GENERATING
         n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
@@ -180,6 +190,8 @@ class Scheduler:
                 break  # (first come, first served: nothing overtakes it; its first choice is prefilling)
             seq = self.waiting.popleft()
             place = self.pool.place(seq.prompt_ids)
+            if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
+                place = Placement(place.slot, 0)
             slot, n_keep = place.slot, place.n_keep
             if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
                 self._kv.kv_copy_all(place.copy_from.id, slot.id)

@@ -35,6 +35,7 @@ class Sequence:
         # so that its slot copies the prompt's KV instead of computing it again
         self.fork_of: Sequence | None = None
         self._is_prompt_computed = False
+        self._prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent (they ride on the next event)
 
     @property
     def is_prompt_computed(self) -> bool:
@@ -61,6 +62,18 @@ class Sequence:
     def usage(self) -> Usage:
         return Usage(len(self.prompt_ids), len(self.output_ids), self.n_cached_prompt,
                      self.n_draft_proposed, self.n_draft_accepted)
+
+    def score_prompt(self, first_pos: int, rows: np.ndarray) -> None:
+        """Logprobs of the prompt tokens that these positions' logits predict (position p: token p + 1)."""
+        n_top = self.request.prompt_logprobs or 0
+        for j, row in enumerate(rows):
+            token_id = self.prompt_ids[first_pos + j + 1]
+            chosen, top = top_logprobs(row, token_id, n_top)
+            self._prompt_logprobs.append(TokenLogprob(token_id, chosen, tuple(top)))
+
+    def _take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
+        out, self._prompt_logprobs = tuple(self._prompt_logprobs), []
+        return out
 
     def take_tokens(
         self,
@@ -96,7 +109,8 @@ class Sequence:
             self.sampler.accept(token_id)
         self.output_ids.append(token_id)
         text = self.detokenizer.push(token_id)
-        event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), (logprob,) if logprob else ())
+        event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), (logprob,) if logprob else (),
+                            prompt_logprobs=self._take_prompt_logprobs())
         if self.detokenizer.is_stopped:
             self.finish(FinishReason.STOP, event)
         elif self.n_tokens_left <= 0 or n_ctx_left <= 0:
@@ -114,4 +128,5 @@ class Sequence:
             self.request_id, text,
             last.token_ids if last else (), last.drafted if last else (), last.logprobs if last else (),
             reason, self.usage, error, self.detokenizer.stop_hit,
+            (last.prompt_logprobs if last else ()) + self._take_prompt_logprobs(),
         ))

@@ -204,7 +204,7 @@ def _reasoning(state: ServerState, prompt_ids: tuple[int, ...]) -> ReasoningSpli
 
 def _generation_request(
     state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
-    constraint: Constraint | LazyConstraint | None = None,
+    constraint: Constraint | LazyConstraint | None = None, prompt_logprobs: int | None = None,
 ) -> GenerationRequest:
     n_vocab = state.loaded.model.n_vocab
     if any(t < 0 or t >= n_vocab for t in prompt_ids):
@@ -216,7 +216,7 @@ def _generation_request(
     except PromptTooLongError as exc:
         raise invalid(str(exc), _prompt_param(prefix), "context_length_exceeded") from None
     room = state.loaded.options.ctx_size - len(prompt_ids)
-    max_tokens = min(common.max_tokens or state.loaded.options.max_tokens, room)
+    max_tokens = min(state.loaded.options.max_tokens if common.max_tokens is None else common.max_tokens, room)
     return GenerationRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex[:24]}",
         prompt_ids=prompt_ids,
@@ -226,6 +226,7 @@ def _generation_request(
         n_top_logprobs=common.n_top_logprobs,
         ignore_eos=common.ignore_eos,
         constraint=constraint,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -384,10 +385,16 @@ def create_app(state: ServerState) -> Starlette:
         constraints = [await _constraint(state, common) for _ in range(params.best_of)]
         scoring = params.best_of > common.n and common.n_top_logprobs is None
         engine_common = dataclasses.replace(common, n_top_logprobs=0) if scoring else common  # best_of ranks by them
-        gen = _generation_request(state, "cmpl", prompt_ids, engine_common, (), constraints[0])
+        scores_prompt = params.echo and common.n_top_logprobs is not None
+        gen = _generation_request(state, "cmpl", prompt_ids, engine_common, (), constraints[0],
+                                  common.n_top_logprobs if scores_prompt else None)
         gens = _choices(gen, constraints)
+        echo = None
+        if params.echo:
+            text = params.prompt if isinstance(params.prompt, str) else loaded.model.detokenize(list(prompt_ids))
+            echo = (text, prompt_ids)
         builders = [ResponseBuilder("completion", gen.request_id, common.model or served_name,
-                                    loaded.model.token_bytes, common.n_top_logprobs is not None, index=i)
+                                    loaded.model.token_bytes, common.n_top_logprobs is not None, index=i, echo=echo)
                     for i in range(len(gens))]
         builder = builders[0] if len(builders) == 1 else ChoicesBuilder(builders, [g.request_id for g in gens],
                                                                         common.n)

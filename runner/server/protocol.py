@@ -49,6 +49,7 @@ class CompletionParams:
     common: CommonParams
     prompt: str | tuple[int, ...]
     best_of: int = 1  # generate this many choices, return the n with the highest mean token logprob
+    echo: bool = False  # the prompt comes back before the completion (with logprobs: scored)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -117,6 +118,8 @@ STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
 INCLUDE_USAGE = Field("include_usage", "boolean", "a last chunk with the usage")
 MAX_COMPLETION_TOKENS = Field("max_completion_tokens", "integer", "most tokens in the reply", 1)
 MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (the older name)", 1)
+COMPLETION_MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (0, with echo: score the prompt only)", 0)
+ECHO = Field("echo", "boolean", "return the prompt before the completion (with logprobs, the prompt's too)")
 SEED = Field("seed", "integer", "random seed: same seed, same output", -(2**63), 2**64 - 1)
 IGNORE_EOS = Field("ignore_eos", "boolean", "extension: generate max_tokens even past end-of-text")
 CHAT_LOGPROBS = Field("logprobs", "boolean", "return each token's log-probability")
@@ -133,12 +136,13 @@ SAMPLING = {  # SamplingParams field -> its request parameter
 }
 COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNORE_EOS, *SAMPLING.values())
 CHAT_FIELDS = (*COMMON_FIELDS, CHAT_LOGPROBS, TOP_LOGPROBS)
-COMPLETION_FIELDS = (*COMMON_FIELDS, COMPLETION_LOGPROBS, BEST_OF)
+COMPLETION_FIELDS = (*(f for f in COMMON_FIELDS if f is not MAX_TOKENS), COMPLETION_MAX_TOKENS, COMPLETION_LOGPROBS,
+                     BEST_OF, ECHO)
 # OpenAI parameters not done here (yet): refused by name instead of silently ignored, unless the
 # value asks for nothing (tool_choice "none", an empty logit_bias, response_format text, ...)
 NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [], "function_call": lambda v: v == "none",
-    "echo": lambda v: v is False, "suffix": lambda v: v == "",
+    "suffix": lambda v: v == "",
 }
 
 
@@ -237,7 +241,7 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     include_usage = INCLUDE_USAGE.read(options or {}, False)
     max_tokens = MAX_COMPLETION_TOKENS.read(body)
     if max_tokens is None:
-        max_tokens = MAX_TOKENS.read(body)
+        max_tokens = (COMPLETION_MAX_TOKENS if logprobs_key_is_int else MAX_TOKENS).read(body)
     if logprobs_key_is_int:  # /v1/completions: logprobs is the number of alternatives
         n_top = COMPLETION_LOGPROBS.read(body)
     else:
@@ -274,6 +278,8 @@ def _content(value: Any, index: int, role: str) -> str:
 def parse_chat(body: dict[str, Any]) -> ChatParams:
     if body.get("best_of") not in (None, 1):
         raise invalid("'best_of' is a /v1/completions parameter; chat takes 'n'", "best_of", "unsupported_parameter")
+    if body.get("echo") not in (None, False):
+        raise invalid("'echo' is a /v1/completions parameter", "echo", "unsupported_parameter")
     messages = body.get("messages")
     if messages is None:
         raise invalid("'messages' is required", "messages", "missing_required_parameter")
@@ -381,7 +387,12 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
         raise invalid(f"'best_of' ({best_of}) must be at least 'n' ({common.n})", "best_of")
     if best_of > common.n and common.stream:
         raise invalid("'best_of' cannot be streamed: the best choices are known only at the end", "best_of")
-    return CompletionParams(common, prompt, best_of)
+    echo = ECHO.read(body, False)
+    if common.max_tokens == 0 and not echo:
+        raise invalid("'max_tokens' 0 generates nothing: it is for scoring a prompt, with 'echo': true", "max_tokens")
+    if echo and common.stream and common.n_top_logprobs is not None:
+        raise invalid("'echo' with 'logprobs' is not streamed; send stream: false", "echo")
+    return CompletionParams(common, prompt, best_of, echo)
 
 
 def check_model(requested: str | None, served: list[str]) -> None:

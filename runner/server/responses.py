@@ -68,10 +68,19 @@ class CompletionLogprobs:
     """The legacy /v1/completions logprobs shape, accumulated token by token."""
 
     tokens: list[str] = field(default_factory=list)
-    token_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
     _offset: int = 0
+
+    def add_unscored(self, token_id: int, token_bytes: TokenText) -> None:
+        """A token nothing predicted (the first of an echoed prompt): its logprob is null."""
+        text = token_bytes(token_id).decode("utf-8", "replace")
+        self.tokens.append(text)
+        self.token_logprobs.append(None)
+        self.top_logprobs.append(None)
+        self.text_offset.append(self._offset)
+        self._offset += len(text)
 
     def add(self, lp: TokenLogprob, token_bytes: TokenText) -> None:
         text = token_bytes(lp.token_id).decode("utf-8", "replace")
@@ -95,7 +104,7 @@ class ResponseBuilder:
 
     def __init__(self, kind: str, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool,
                  reasoning: ReasoningSplitter | None = None, tools: ToolReading | None = None,
-                 index: int = 0) -> None:
+                 index: int = 0, echo: tuple[str, tuple[int, ...]] | None = None) -> None:
         self.is_chat = kind == "chat"
         self.index = index  # which of the request's n choices this builds
         self.tools = tools  # chat with tools: the reply is read for calls once whole (streamed: sent at the end)
@@ -110,6 +119,11 @@ class ResponseBuilder:
         self.completion_logprobs = CompletionLogprobs()
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
+        self.echo = echo  # completions: the prompt's text and ids, returned before the completion
+        if echo is not None:
+            self.text_parts.append(echo[0])
+            if wants_logprobs and echo[1]:
+                self.completion_logprobs.add_unscored(echo[1][0], token_bytes)
         # chunk_sse's template around a text delta: the envelope with its one choice cut open
         head = json.dumps({**self._envelope([], chunk=True), "choices": None}, ensure_ascii=False)
         self._text_head = ("data: " + head.removesuffix("null}") + '[{"index": ' + str(index) + ', '
@@ -129,6 +143,8 @@ class ResponseBuilder:
     def add(self, event: StreamEvent) -> None:
         self.text_parts.append(event.text)
         if self.wants_logprobs:
+            for lp in event.prompt_logprobs:
+                self.completion_logprobs.add(lp, self.token_bytes)
             for lp in event.logprobs:
                 if self.is_chat:
                     self.chat_logprobs.append(_chat_logprob(lp, self.token_bytes))
@@ -140,7 +156,10 @@ class ResponseBuilder:
     # -- streaming --------------------------------------------------------------------------
     def first_chunk(self) -> dict[str, Any] | None:
         if not self.is_chat:
-            return None
+            if self.echo is None:
+                return None
+            choice = {"index": self.index, "text": self.echo[0], "logprobs": None, "finish_reason": None}
+            return self._envelope([choice], chunk=True)
         delta = {"role": "assistant", "content": ""}
         return self._envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}], chunk=True)
 
