@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runner.chat_template import Message
 from runner.constraints import Constraint, GrammarSpec
 from runner.loaded_model import LoadedModel
@@ -100,6 +102,14 @@ class Runner:
     def complete(self, prompt: str, **kwargs: Any) -> str:
         request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
         return "".join(e.text for e in self.stream(request))
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        """One unit-length vector per text, (len(texts), dimensions): the model's own pooling for an
+        embedding model, else the mean of its last hidden states (on a context of its own)."""
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch or any(not t for t in batch):
+            raise ValueError("embed() needs non-empty texts")
+        return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
 
     def close(self) -> None:
         self.loaded.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from runner.options import EngineOptions
 from runner.runtime.calibration import measure
 from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key
 from runner.runtime.draft_agreement import measure_agreement
+from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread
 from runner.runtime.memory_plan import MemoryPlan
@@ -86,6 +88,8 @@ class LoadedModel:
             raise
         self.engine = Engine(self.runner, scheduler, self.model, self.speculator,
                              jump_forward=self.options.jump_forward == "on")
+        self._embedder: Embedder | None = None
+        self._embedder_lock = threading.Lock()
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
@@ -188,7 +192,21 @@ class LoadedModel:
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
 
+    def embedder(self) -> Embedder:
+        """The embedding context, made on first use (its KV costs as much as a slot's): its own
+        llama.cpp context on the same weights, so embeddings never wait behind generation."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                n_ctx = min(self.options.ctx_size, self.model.n_ctx_train or self.options.ctx_size)
+                self._embedder = Embedder(self.model, n_ctx, self.options.threads)
+            return self._embedder
+
+    def embedding_ids(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=True, parse_special=False)
+
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
         if self.speculator is not None:
             self.speculator.drafter.close()  # the draft before the target
         self.runner.close()

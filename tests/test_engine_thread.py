@@ -44,14 +44,14 @@ def started(engine) -> tuple[EngineThread, list[BaseException]]:
 
 def test_a_submit_that_raises_fails_alone_and_the_engine_keeps_serving() -> None:
     engine, _ = fake_engine(n_slots=1)
-    real_submit = engine.submit
+    real_submit = engine.submit_group
 
-    def submit(req, sink):  # fault injection: this request breaks inside the engine thread
-        if req.request_id == "bad":
+    def submit_group(reqs, sinks):  # fault injection: this request breaks inside the engine thread
+        if reqs[0].request_id == "bad":
             raise KeyError("boom")
-        return real_submit(req, sink)
+        return real_submit(reqs, sinks)
 
-    engine.submit = submit
+    engine.submit_group = submit_group
     thread, errors = started(engine)
     try:
         bad, good = Inbox(), Inbox()

@@ -101,6 +101,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return run_piped(runner, args.system, **_generation_kwargs(args))
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    import json
+
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise RunnerError("nothing to embed: pass TEXT arguments or lines on stdin")
+    with _open_runner(args) as runner:
+        for vector in runner.embed(texts):
+            print(json.dumps([round(float(x), 7) for x in vector]))
+    return 0
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from runner.catalog import hub
     from runner.catalog.pull import pull
@@ -220,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     _quiet_flag(p)
     _generation_flags(p, parallel=1)
+
+    p = add("embed", cmd_embed, "print each text's embedding (a JSON array per line; texts from stdin when none given)")
+    p.add_argument("model", help="a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT]")
+    p.add_argument("text", nargs="*", help="texts to embed")
+    _quiet_flag(p)
+    add_flags(p, EngineOptions, {"parallel": 1})
 
     p = add("pull", cmd_pull, "download a model into the cache: a catalog name (or a derived quant variant), or "
                               "hf.co/ORG/REPO[:QUANT][@REVISION] / hf.co/ORG/REPO/FILE.gguf from the Hugging Face Hub")

@@ -382,6 +382,66 @@ class Context:
             self._ptr = None
 
 
+class EmbeddingContext:
+    """A context of its own for embeddings (never shared with generation): several inputs per
+    decode, each a sequence pooled into one vector. The model's own pooling (an embedding model's
+    GGUF names it) or, for a generative model, the mean of its last hidden states."""
+
+    def __init__(self, model: Model, n_ctx: int, n_seq_max: int, n_threads: int) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        self._ptr = self._create(_lc.LLAMA_POOLING_TYPE_UNSPECIFIED, n_threads)
+        self.pooling = "model"
+        if _lc.llama_pooling_type(self._ptr) == _lc.LLAMA_POOLING_TYPE_NONE:  # a generative model: mean-pool it
+            _lc.llama_free(self._ptr)
+            self._ptr = self._create(_lc.LLAMA_POOLING_TYPE_MEAN, n_threads)
+            self.pooling = "mean"
+        self._memory = _lc.llama_get_memory(self._ptr)
+        self.n_embd: int = _lc.llama_model_n_embd(model._ptr)
+        self._batch = Batch(n_ctx)
+
+    def _create(self, pooling: int, n_threads: int) -> Any:
+        params = _lc.llama_context_default_params()
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx  # a non-causal model needs an input whole
+        params.n_seq_max = self.n_seq_max
+        params.kv_unified = True
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        _recent_log.clear()
+        ptr = _lc.llama_init_from_model(self.model._ptr, params)
+        if not ptr:
+            raise ModelLoadError(f"llama.cpp could not create an embedding context: {recent_log(3) or 'unknown'}")
+        return ptr
+
+    def embed(self, inputs: list[list[int]]) -> np.ndarray:
+        """One decode for these inputs (at most n_seq_max, n_ctx tokens in all): (len(inputs), n_embd)."""
+        assert 0 < len(inputs) <= self.n_seq_max and sum(map(len, inputs)) <= self.n_ctx
+        _lc.llama_memory_clear(self._memory, True)
+        batch = self._batch
+        batch.clear()
+        for seq_id, ids in enumerate(inputs):
+            batch.add(seq_id, ids, 0, len(ids))
+        batch._struct.n_tokens = batch.n_tokens
+        rc = _lc.llama_decode(self._ptr, batch._struct)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}: {recent_log(2)}")
+        out = np.empty((len(inputs), self.n_embd), dtype=np.float32)
+        for seq_id in range(len(inputs)):
+            ptr = _lc.llama_get_embeddings_seq(self._ptr, seq_id)
+            if not ptr:
+                raise RuntimeError(f"llama.cpp returned no embedding for input {seq_id}")
+            out[seq_id] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        return out
+
+    def close(self) -> None:
+        if self._ptr:
+            _lc.llama_free(self._ptr)
+            self._ptr = None
+
+
 QUANT_TYPES: dict[str, int] = {
     "f16": _lc.LLAMA_FTYPE_MOSTLY_F16,
     "q8_0": _lc.LLAMA_FTYPE_MOSTLY_Q8_0,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hmac
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +32,8 @@ from runner.tools import HERMES, TRIGGERS, ToolReading, call_grammar, syntax_of
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import PromptTooLongError, QueueFullError
+from runner.runtime.embeddings import InputTooLongError
+from runner.server.embedding_thread import EmbeddingThread
 from runner.server.engine_thread import EngineStoppedError, EngineThread
 from runner.server.errors import ApiError, invalid
 from runner.server.event_pump import EventPump
@@ -44,7 +48,15 @@ from runner.server.guards import (
 from runner.server.metrics import render_metrics
 from runner.server.openapi import openapi_document
 from runner.server import anthropic, openai_responses
-from runner.server.protocol import ChatParams, CommonParams, check_model, parse_chat, parse_completion, parse_json
+from runner.server.protocol import (
+    ChatParams,
+    CommonParams,
+    check_model,
+    parse_chat,
+    parse_completion,
+    parse_embeddings,
+    parse_json,
+)
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.responses import ChoicesBuilder, ResponseBuilder
@@ -67,6 +79,15 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     is_closed: bool = False
     _pump: EventPump | None = None
+    _embeddings: EmbeddingThread | None = None
+    _embeddings_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def embedding_thread(self) -> EmbeddingThread:
+        """Made on the first embeddings request (the context costs a slot's KV; most servers never embed)."""
+        with self._embeddings_lock:
+            if self._embeddings is None:
+                self._embeddings = EmbeddingThread(self.loaded.embedder())
+            return self._embeddings
 
     def event_pump(self) -> EventPump:
         if self._pump is None:  # created lazily: it needs the running loop
@@ -78,6 +99,9 @@ class ServerState:
         if not self.is_closed:
             self.is_closed = True
             self.engine_thread.stop()
+            with self._embeddings_lock:
+                if self._embeddings is not None:
+                    self._embeddings.stop()
             self.loaded.close()
 
 
@@ -400,6 +424,33 @@ def create_app(state: ServerState) -> Starlette:
                                                                         common.n)
         return await _run(state, request, gens, builder, common)
 
+    async def embeddings(request: Request) -> Response:
+        params = parse_embeddings(await _api_body(state, request))
+        check_model(params.model, state.model_ids)
+        if params.dimensions is not None and params.dimensions != loaded.model.n_embd:
+            raise invalid(f"'dimensions' must be this model's own, {loaded.model.n_embd} (vectors are not "
+                          "shortened here)", "dimensions")
+        if isinstance(params.inputs[0], str):
+            for text in params.inputs:
+                _check_fits(state, len(text), "input")
+            ids = await run_in_threadpool(lambda: [loaded.embedding_ids(t) for t in params.inputs])
+        else:
+            ids = [list(x) for x in params.inputs]
+            if any(t >= loaded.model.n_vocab for x in ids for t in x):
+                raise invalid(f"token ids must be in [0, {loaded.model.n_vocab})", "input")
+        thread = await run_in_threadpool(state.embedding_thread)
+        try:
+            future = thread.submit(ids)
+        except InputTooLongError as exc:
+            raise invalid(str(exc), "input", "context_length_exceeded") from None
+        vectors = await asyncio.wrap_future(future)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode() if params.encoding_format == "base64"
+                               else v.tolist())} for i, v in enumerate(vectors)]
+        n_tokens = sum(len(x) for x in ids)
+        return JSONResponse({"object": "list", "data": data, "model": params.model or served_name,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
     async def models(request: Request) -> Response:
         _check_auth(state, request)
         data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
@@ -446,6 +497,7 @@ def create_app(state: ServerState) -> Starlette:
         Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),

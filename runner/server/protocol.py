@@ -401,3 +401,43 @@ def check_model(requested: str | None, served: list[str]) -> None:
             404, f"The model '{requested}' does not exist; this server serves: {', '.join(served)}",
             param="model", code="model_not_found",
         )
+
+
+MAX_EMBEDDING_INPUTS = 2048  # as OpenAI's API
+ENCODING_FORMAT = Field("encoding_format", "string", "float (default) or base64 (little-endian float32)")
+DIMENSIONS = Field("dimensions", "integer", "the vector size: only the model's own", 1)
+
+
+@dataclass(frozen=True)
+class EmbeddingParams:
+    model: str | None
+    inputs: list[str] | list[list[int]]  # texts, or token id lists
+    encoding_format: str
+    dimensions: int | None
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def parse_embeddings(body: dict[str, Any]) -> EmbeddingParams:
+    value = body.get("input")
+    if value is None:
+        raise invalid("'input' is required", "input", "missing_required_parameter")
+    if isinstance(value, str) or _is_ids(value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise invalid("'input' must be a string, a list of strings, token ids, or a list of token id lists",
+                      "input", "invalid_type")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise invalid(f"'input' holds {len(value)} items; at most {MAX_EMBEDDING_INPUTS}", "input")
+    if all(isinstance(v, str) for v in value):
+        if any(not v for v in value):
+            raise invalid("'input' must not contain an empty string", "input")
+    elif not all(_is_ids(v) for v in value):
+        raise invalid("'input' must be all strings or all non-empty token id lists", "input", "invalid_type")
+    fmt = ENCODING_FORMAT.read(body, "float")
+    if fmt not in ("float", "base64"):
+        raise invalid(f"'encoding_format' must be float or base64, got {json.dumps(fmt)}", "encoding_format")
+    return EmbeddingParams(MODEL.read(body), value, fmt, DIMENSIONS.read(body))
