@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,17 @@ from runner.constraints import Constraint, GrammarSpec
 from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
 from runner.sampling import SamplingParams
-from runner.scheduler.request import GenerationRequest, StreamEvent
+from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
 
 _ids = itertools.count(1)
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass(frozen=True)
+class BeamReply:
+    text: str
+    logprob: float  # the model's summed log-probability of its tokens
+    finish_reason: str  # "stop" (end of generation) or "length"
 
 
 def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
@@ -102,6 +110,27 @@ class Runner:
     def complete(self, prompt: str, **kwargs: Any) -> str:
         request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
         return "".join(e.text for e in self.stream(request))
+
+    def beam_search(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 4,
+                    max_tokens: int | None = None, length_penalty: float = 1.0,
+                    early_stopping: bool = False) -> list[BeamReply]:
+        """The n best continuations by beam search (a text prompt as is, messages through the chat
+        template), best first. Needs n slots: open the Runner with parallel >= n."""
+        if n < 2 or n > self.loaded.options.parallel:
+            raise ValueError(f"beam search needs 2 <= n <= parallel ({self.loaded.options.parallel}); got {n}")
+        ids = (self.loaded.text_prompt_ids(prompt) if isinstance(prompt, str)
+               else self.loaded.chat_prompt_ids(_messages(prompt)))
+        base = self.request(ids, max_tokens)
+        requests = [dataclasses.replace(base, request_id=f"{base.request_id}-{i}", speculate=False,
+                                        beam=BeamParams(length_penalty, early_stopping)) for i in range(n)]
+        finals: list[list[StreamEvent]] = [[] for _ in requests]
+        engine = self.loaded.engine
+        engine.submit_group(requests, [out.append for out in finals])
+        while engine.has_work:
+            engine.step()
+        return [BeamReply(e.text, sum(lp.logprob for lp in e.logprobs),
+                          "length" if e.finish_reason is not None and e.finish_reason.value == "length" else "stop")
+                for e in (out[-1] for out in finals) if e.error is None]
 
     def embed(self, texts: str | list[str]) -> np.ndarray:
         """One unit-length vector per text, (len(texts), dimensions): the model's own pooling for an

@@ -77,6 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if sys.stdin.isatty():
             raise RunnerError("no prompt: pass -p TEXT or pipe text on stdin")
         prompt = sys.stdin.read()
+    if args.beams:
+        return _run_beams(args, prompt)
     with _open_runner(args) as runner:
         if args.raw:
             for event in runner.stream(runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
@@ -89,6 +91,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
         if args.stats and stats is not None:
             print(stats.line(), file=sys.stderr)
+    return 0
+
+
+def _run_beams(args: argparse.Namespace, prompt: str) -> int:
+    """`runner run --beams N`: the N best continuations by beam search, best first."""
+    from runner.chat_template import Message
+
+    if args.beams < 2:
+        raise RunnerError("--beams needs at least 2 beams")
+    args.parallel = max(args.parallel, args.beams)  # one slot per beam
+    with _open_runner(args) as runner:
+        messages = [Message("system", args.system)] if args.system else []
+        target = prompt if args.raw else messages + [Message("user", prompt)]
+        replies = runner.beam_search(target, args.beams, args.max_tokens)
+    for i, reply in enumerate(replies, 1):
+        print(f"--- beam {i} (logprob {reply.logprob:.3f}, {reply.finish_reason})")
+        print(reply.text)
     return 0
 
 
@@ -225,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
     p.add_argument("--stats", action="store_true", help="print tokens, tok/s and time to first token on stderr")
+    p.add_argument("--beams", type=int, default=0, metavar="N",
+                   help="beam search: print the N best continuations, best first (sampling flags do not apply)")
     _quiet_flag(p)
     _generation_flags(p, parallel=1)
 

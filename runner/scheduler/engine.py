@@ -11,6 +11,7 @@ import numpy as np
 
 from runner.constraints import prefetch_masks
 from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.beam import BeamSearch
 from runner.scheduler.request import EventSink, GenerationRequest
 from runner.scheduler.scheduler import Scheduler
 from runner.scheduler.sequence import Sequence
@@ -69,8 +70,14 @@ class Engine:
         start from a copy of its KV once it is there, each in its own slot with its own sampler."""
         seqs = [Sequence(r, sink, self.vocab.token_bytes, self.vocab.eog_ids) for r, sink in zip(requests, sinks,
                                                                                                  strict=True)]
-        for seq in seqs[1:]:
-            seq.fork_of = seqs[0]
+        beam = requests[0].beam
+        if beam is not None:  # the group's requests are one beam search's beams
+            search = BeamSearch(seqs, beam.length_penalty, beam.early_stopping, self.vocab.token_bytes)
+            for seq in seqs:
+                seq.beam = search
+        else:
+            for seq in seqs[1:]:
+                seq.fork_of = seqs[0]
         self.scheduler.submit_group(seqs)
         self.stats.n_requests += 1
         return seqs

@@ -19,6 +19,14 @@ class FinishReason(str, Enum):
 
 
 @dataclass(frozen=True)
+class BeamParams:
+    """Beam search (vLLM's convention): the request's n choices are its beams."""
+
+    length_penalty: float = 1.0  # hypotheses rank by sum of logprobs / length ** length_penalty
+    early_stopping: bool = False  # stop once n hypotheses finished (else: once no live beam can beat them)
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
@@ -32,6 +40,7 @@ class GenerationRequest:
     # score the prompt: each prompt token's logprob (and this many alternatives) from the prefill's
     # own logits; the prompt is then computed whole, never taken from the prefix cache. None: no
     prompt_logprobs: int | None = None
+    beam: BeamParams | None = None  # this request is one beam of a beam search (the group's other requests are the others)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 
 from runner.errors import RunnerError
 from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.beam import BeamSearch
 from runner.scheduler.request import FinishReason
 from runner.scheduler.sequence import Sequence
 from runner.scheduler.slots import Placement, Slot, SlotPool, SlotState
@@ -121,16 +122,36 @@ class Scheduler:
 
     def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:
         """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and
-        free slots. A row whose sampling or detokenizing raises fails its own request only."""
+        free slots. A row whose sampling or detokenizing raises fails its own request only. Beam
+        searches choose their next beams once all their rows are in."""
+        searches: dict[int, BeamSearch] = {}
         for row, rows in zip(plan.rows, logits, strict=True):
             try:
-                self._take(row, rows)
+                self._take(row, rows, searches)
             except Exception as exc:  # noqa: BLE001 - contained: the other rows' requests go on
                 self._drop(row.slot, f"internal error: {type(exc).__name__}: {exc}")
+        for search in searches.values():
+            try:
+                self._advance(search)
+            except Exception as exc:  # noqa: BLE001
+                self._drop(search.slots[0], f"internal error: {type(exc).__name__}: {exc}")
 
-    def _take(self, row: BatchRow, rows: np.ndarray) -> None:
+    def _advance(self, search: BeamSearch) -> None:
+        for slot in search.advance(self._kv, self.n_ctx_per_slot):
+            self.pool.release(slot)
+        if not search.is_done:
+            for slot in search.slots:
+                slot.state = SlotState.GENERATING
+
+    def _take(self, row: BatchRow, rows: np.ndarray, searches: dict[int, BeamSearch]) -> None:
         slot, seq = row.slot, row.slot.seq
         assert seq is not None
+        if seq.beam is not None:  # the fed tokens are in the KV; the search decides what follows
+            slot.append(row.token_ids)
+            if row.n_logits:
+                seq.beam.collect(slot, rows[-1])
+                searches[id(seq.beam)] = seq.beam
+            return
         if row.n_prompt_logits:
             seq.score_prompt(row.first_pos, rows[: row.n_prompt_logits])
             rows = rows[row.n_prompt_logits :]
@@ -167,13 +188,19 @@ class Scheduler:
             self._drop(slot, message)
 
     def _drop(self, slot: Slot, message: str) -> None:
-        if slot.seq is not None and not slot.seq.is_finished:
-            slot.seq.finish(FinishReason.ERROR, error=message)
-        self._kv.kv_remove(slot.id, 0, -1)
-        slot.truncate(0)
-        self.pool.release(slot)
+        search = slot.seq.beam if slot.seq is not None else None
+        for each in (search.slots if search is not None and search.slots else [slot]):  # a search fails whole
+            if each.seq is not None and not each.seq.is_finished:
+                each.seq.finish(FinishReason.ERROR, error=message)
+            self._kv.kv_remove(each.id, 0, -1)
+            each.truncate(0)
+            self.pool.release(each)
 
     def _reap_cancelled(self) -> None:
+        for seq in [s for s in self.waiting] + [s.seq for s in self.pool.active() if s.seq is not None]:
+            if seq.is_cancel_requested and seq.beam is not None:  # one beam's cancel ends the whole search
+                for other in seq.beam.seqs:
+                    other.is_cancel_requested = True
         if any(seq.is_cancel_requested for seq in self.waiting):
             for seq in [s for s in self.waiting if s.is_cancel_requested]:
                 seq.finish(FinishReason.CANCELLED)
@@ -188,6 +215,9 @@ class Scheduler:
             head = self.waiting[0].fork_of
             if head is not None and not head.is_prompt_computed:
                 break  # (first come, first served: nothing overtakes it; its first choice is prefilling)
+            search = self.waiting[0].beam
+            if search is not None and len(self.pool.slots) - self.pool.n_busy < search.width:
+                break  # a beam search starts with all its slots (first come, first served: it waits for them)
             seq = self.waiting.popleft()
             place = self.pool.place(seq.prompt_ids)
             if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
@@ -204,3 +234,18 @@ class Scheduler:
                 slot.truncate(n_keep)
             seq.n_cached_prompt = n_keep
             self.pool.occupy(slot, seq, n_keep)
+            if search is not None:
+                self._park_beams(search, slot)
+
+    def _park_beams(self, search: BeamSearch, first: Slot) -> None:
+        """The search's other beams take their slots now, parked (no rows) until the first beam's
+        prompt gives the first step; each then gets a copy of a parent's KV."""
+        search.slots = [first]
+        for seq in search.seqs[1:]:
+            self.waiting.remove(seq)
+            slot = min((s for s in self.pool.slots if s.is_free), key=lambda s: s.last_used)
+            self._kv.kv_remove(slot.id, 0, -1)
+            slot.truncate(0)
+            self.pool.occupy(slot, seq, 0)
+            slot.state = SlotState.PARKED
+            search.slots.append(slot)

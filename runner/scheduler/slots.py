@@ -21,6 +21,7 @@ class SlotState(str, Enum):
     IDLE = "idle"
     PREFILL = "prefill"
     GENERATING = "generating"
+    PARKED = "parked"  # held for a beam search whose first beam is computing the prompt: no rows yet
 
 
 def block_hashes(token_ids: list[int] | tuple[int, ...], start: int = 0, prev: int = 0) -> list[int]:

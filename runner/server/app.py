@@ -251,6 +251,8 @@ def _generation_request(
         ignore_eos=common.ignore_eos,
         constraint=constraint,
         prompt_logprobs=prompt_logprobs,
+        beam=common.beam,
+        speculate=common.beam is None,  # beams rank by the model's own logprobs, step by step
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -13,6 +14,7 @@ from runner.chat_template import ROLES, Message
 from runner.constraints import GrammarSpec
 from runner.tools import Tool, ToolCall
 from runner.sampling import SamplingParams
+from runner.scheduler.request import BeamParams
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import MAX_JSON_DEPTH, check_json_value
 
@@ -33,6 +35,7 @@ class CommonParams:
     ignore_eos: bool  # extension (as llama.cpp's server): generate max_tokens even past end-of-text
     grammar: GrammarSpec | None = None  # response_format / grammar / json_schema: what the reply must follow
     n: int = 1  # choices: generations of the one prompt (the server caps it at its slot count)
+    beam: BeamParams | None = None  # use_beam_search: the n choices are the n best beams
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,9 @@ COMPLETION_MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply
 ECHO = Field("echo", "boolean", "return the prompt before the completion (with logprobs, the prompt's too)")
 SEED = Field("seed", "integer", "random seed: same seed, same output", -(2**63), 2**64 - 1)
 IGNORE_EOS = Field("ignore_eos", "boolean", "extension: generate max_tokens even past end-of-text")
+USE_BEAM_SEARCH = Field("use_beam_search", "boolean", "extension (vLLM's): beam search with n beams, the n best returned")
+LENGTH_PENALTY = Field("length_penalty", "number", "beam search: rank by sum of logprobs / length ** this", -10.0, 10.0)
+EARLY_STOPPING = Field("early_stopping", "boolean", "beam search: stop once n hypotheses have finished")
 CHAT_LOGPROBS = Field("logprobs", "boolean", "return each token's log-probability")
 TOP_LOGPROBS = Field("top_logprobs", "integer", "alternatives per token (needs logprobs)", 0, MAX_TOP_LOGPROBS)
 COMPLETION_LOGPROBS = Field("logprobs", "integer", "alternatives per token, with log-probabilities", 0, 5)
@@ -134,7 +140,8 @@ SAMPLING = {  # SamplingParams field -> its request parameter
     "presence_penalty": Field("presence_penalty", "number", "OpenAI presence penalty", -2.0, 2.0),
     "frequency_penalty": Field("frequency_penalty", "number", "OpenAI frequency penalty", -2.0, 2.0),
 }
-COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNORE_EOS, *SAMPLING.values())
+COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNORE_EOS, *SAMPLING.values(),
+                 USE_BEAM_SEARCH, LENGTH_PENALTY, EARLY_STOPPING)
 CHAT_FIELDS = (*COMMON_FIELDS, CHAT_LOGPROBS, TOP_LOGPROBS)
 COMPLETION_FIELDS = (*(f for f in COMMON_FIELDS if f is not MAX_TOKENS), COMPLETION_MAX_TOKENS, COMPLETION_LOGPROBS,
                      BEST_OF, ECHO)
@@ -254,8 +261,31 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     seed = SEED.read(body)
     sampling = SamplingParams(**{name: field.read(body, getattr(_DEFAULTS, name)) for name, field in SAMPLING.items()},
                               seed=None if seed is None else seed % 2**64, logit_bias=_logit_bias(body))
-    return CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top,
-                        IGNORE_EOS.read(body, False), _grammar(body), n)
+    common = CommonParams(model, sampling, max_tokens, _stop(body), stream, include_usage, n_top,
+                          IGNORE_EOS.read(body, False), _grammar(body), n)
+    return dataclasses.replace(common, beam=_beam(body, common))
+
+
+def _beam(body: dict, common: CommonParams) -> BeamParams | None:
+    """use_beam_search (vLLM's convention: n beams, the n best returned), checked against what it excludes."""
+    length_penalty, early_stopping = LENGTH_PENALTY.read(body), EARLY_STOPPING.read(body)
+    if not USE_BEAM_SEARCH.read(body, False):
+        for name, value in (("length_penalty", length_penalty), ("early_stopping", early_stopping)):
+            if value is not None:
+                raise invalid(f"'{name}' applies to beam search only: add 'use_beam_search': true", name)
+        return None
+    if common.n < 2:
+        raise invalid("beam search needs 'n' of at least 2 (the beam width)", "n")
+    if common.stream:
+        raise invalid("beam search is not streamed: the best beams are known only at the end", "use_beam_search")
+    if common.stop:
+        raise invalid("'stop' is not supported with beam search", "stop")
+    if common.grammar is not None:
+        raise invalid("beam search cannot follow a grammar or response_format here", "use_beam_search")
+    if common.sampling.logit_bias:
+        raise invalid("'logit_bias' does not apply to beam search (it ranks by the model's own logprobs)",
+                      "logit_bias")
+    return BeamParams(1.0 if length_penalty is None else length_penalty, bool(early_stopping))
 
 
 def _content(value: Any, index: int, role: str) -> str:
@@ -306,6 +336,8 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     choice = _tool_choice(body.get("tool_choice"), tools)
     if tools and choice != "none" and common.grammar is not None:
         raise invalid("give response_format or tools, not both", "tools")
+    if tools and choice != "none" and common.beam is not None:
+        raise invalid("beam search does not call tools here", "use_beam_search")
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls", "invalid_type")
@@ -383,6 +415,8 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
         raise invalid("'prompt' must be a string, a list of one string, or a list of token ids", "prompt", "invalid_type")
     common = _common(body, logprobs_key_is_int=True)
     best_of = BEST_OF.read(body, common.n)
+    if common.beam is not None and best_of != common.n:
+        raise invalid("'best_of' does not combine with beam search (n is the beam width)", "best_of")
     if best_of < common.n:
         raise invalid(f"'best_of' ({best_of}) must be at least 'n' ({common.n})", "best_of")
     if best_of > common.n and common.stream:
