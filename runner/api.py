@@ -111,6 +111,52 @@ class Runner:
         request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
         return "".join(e.text for e in self.stream(request))
 
+    def _prompt_ids(self, prompt: str | list[dict[str, str]] | list[Message]) -> tuple[int, ...]:
+        """A text prompt as is; messages through the chat template."""
+        if isinstance(prompt, str):
+            return self.loaded.text_prompt_ids(prompt)
+        return self.loaded.chat_prompt_ids(_messages(prompt))
+
+    def _run_group(self, requests: list[GenerationRequest]) -> list[list[StreamEvent]]:
+        out: list[list[StreamEvent]] = [[] for _ in requests]
+        engine = self.loaded.engine
+        engine.submit_group(requests, [events.append for events in out])
+        while engine.has_work:
+            engine.step()
+        return out
+
+    def choices(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 2, best_of: int | None = None,
+                **kwargs: Any) -> list[str]:
+        """n replies to one prompt (computed once; choice i samples with seed + i). With best_of,
+        that many are generated and the n with the highest mean token logprob returned, best first.
+        Needs parallel >= n (or best_of)."""
+        count = best_of or n
+        if not 1 <= n <= count <= self.loaded.options.parallel:
+            raise ValueError(f"need 1 <= n <= best_of <= parallel ({self.loaded.options.parallel})")
+        if not isinstance(prompt, str):
+            kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.template.stop
+        base = dataclasses.replace(self.request(self._prompt_ids(prompt), **kwargs), n_top_logprobs=0)
+        seed = base.sampling.seed
+        requests = [dataclasses.replace(base, request_id=f"{base.request_id}-{i}", sampling=base.sampling
+                                        if seed is None else dataclasses.replace(base.sampling, seed=(seed + i) % 2**64),
+                                        constraint=self._constraint(kwargs.get("json_schema"), kwargs.get("grammar")))
+                    for i in range(count)]
+        replies = []
+        for events in self._run_group(requests):
+            logprobs = [lp.logprob for e in events for lp in e.logprobs]
+            replies.append((sum(logprobs) / max(1, len(logprobs)), "".join(e.text for e in events)))
+        if best_of is None:
+            return [text for _, text in replies]
+        return [text for _, text in sorted(replies, key=lambda r: -r[0])[:n]]
+
+    def score(self, text: str) -> list[tuple[str, float | None]]:
+        """Each token of `text` with its log-probability given the ones before it (the first: None)."""
+        ids = self.loaded.text_prompt_ids(text)
+        (events,) = self._run_group([GenerationRequest(f"api-{next(_ids)}", ids, max_tokens=0, prompt_logprobs=0)])
+        scored = [lp.logprob for e in events for lp in e.prompt_logprobs]
+        token = self.loaded.model.token_bytes
+        return [(token(t).decode("utf-8", "replace"), lp) for t, lp in zip(ids, [None, *scored], strict=True)]
+
     def beam_search(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 4,
                     max_tokens: int | None = None, length_penalty: float = 1.0,
                     early_stopping: bool = False) -> list[BeamReply]:
@@ -118,16 +164,10 @@ class Runner:
         template), best first. Needs n slots: open the Runner with parallel >= n."""
         if n < 2 or n > self.loaded.options.parallel:
             raise ValueError(f"beam search needs 2 <= n <= parallel ({self.loaded.options.parallel}); got {n}")
-        ids = (self.loaded.text_prompt_ids(prompt) if isinstance(prompt, str)
-               else self.loaded.chat_prompt_ids(_messages(prompt)))
-        base = self.request(ids, max_tokens)
+        base = self.request(self._prompt_ids(prompt), max_tokens)
         requests = [dataclasses.replace(base, request_id=f"{base.request_id}-{i}", speculate=False,
                                         beam=BeamParams(length_penalty, early_stopping)) for i in range(n)]
-        finals: list[list[StreamEvent]] = [[] for _ in requests]
-        engine = self.loaded.engine
-        engine.submit_group(requests, [out.append for out in finals])
-        while engine.has_work:
-            engine.step()
+        finals = self._run_group(requests)
         return [BeamReply(e.text, sum(lp.logprob for lp in e.logprobs),
                           "length" if e.finish_reason is not None and e.finish_reason.value == "length" else "stop")
                 for e in (out[-1] for out in finals) if e.error is None]
