@@ -192,3 +192,21 @@ def test_best_of_returns_the_choices_with_the_highest_mean_logprob(client: opena
 def test_bad_choice_counts_name_the_field(server: ServerProcess, path: str, body: dict, param: str) -> None:
     r = server.post(path, json={"model": MODEL, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_choices_draft_and_verify_like_any_request(tiny_gguf: Path) -> None:
+    prompt = tuple([40, 41, 42, 43] * 12)  # repetitive: the n-gram drafter finds drafts
+    plain = load_tiny(tiny_gguf, 3)
+    try:
+        alone = token_ids(submit_all(plain.engine, [GenerationRequest("a", prompt, SamplingParams(temperature=0),
+                                                                      max_tokens=16, ignore_eos=True)])[0])
+    finally:
+        plain.close()
+    speculating = load_tiny(tiny_gguf, 3, draft="ngram", spec="on")
+    try:
+        choices = _group(speculating.engine, [GenerationRequest(f"d{i}", prompt, SamplingParams(temperature=0),
+                                                                max_tokens=16, ignore_eos=True) for i in range(3)])
+        assert [token_ids(c) for c in choices] == [alone] * 3  # lossless
+        assert all(c[-1].usage.draft_proposed > 0 for c in choices)  # every choice drafted
+    finally:
+        speculating.close()

@@ -17,6 +17,7 @@ import pytest
 from engines import load_tiny
 from runner.runtime.embeddings import MAX_INPUTS_PER_DECODE, InputTooLongError
 from server_process import ServerProcess
+from tiny_gguf import write_tiny_gguf
 
 MODEL = "smollm2-135m-instruct"
 
@@ -37,6 +38,20 @@ def test_vectors_are_unit_length_and_do_not_depend_on_their_batch(tiny_gguf: Pat
         with pytest.raises(InputTooLongError, match="input 1 has 129 tokens; an embedding input holds at most 128"):
             embedder.embed([[5], [5] * 129])
         assert loaded.engine.scheduler.pool.n_busy == 0  # no slot was involved
+    finally:
+        loaded.close()
+
+
+def test_an_embedding_model_is_pooled_as_its_gguf_says(tmp_path: Path) -> None:
+    """CLS pooling (the GGUF's llama.pooling_type 2) on a causal model: a text's vector is its first
+    token's hidden state, whatever follows it."""
+    path = write_tiny_gguf(tmp_path / "cls.gguf", pooling_type=2)
+    loaded = load_tiny(path, 1, ctx_size=64)
+    try:
+        embedder = loaded.embedder()
+        assert embedder.pooling == "model"
+        first, longer, other = embedder.embed([[40], [40, 41, 42, 43], [41, 42, 43]])
+        assert first @ longer > 0.9999 and first @ other < 0.999
     finally:
         loaded.close()
 

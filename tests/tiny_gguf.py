@@ -29,10 +29,12 @@ def byte_level_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
-                    extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0) -> Path:
+                    extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0,
+                    pooling_type: int | None = None) -> Path:
     """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
     chat_template: True for ChatML, or a template's source. split_max_tensors > 0 writes a split
-    GGUF (STEM-00001-of-0000N.gguf, ... beside `path`)."""
+    GGUF (STEM-00001-of-0000N.gguf, ... beside `path`). pooling_type: an embedding model's pooling
+    (llama.cpp's enum: 1 mean, 2 CLS, 3 last)."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens)
@@ -53,6 +55,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
+    if pooling_type is not None:
+        w.add_uint32("llama.pooling_type", pooling_type)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
