@@ -10,6 +10,9 @@ from runner.catalog.store import ModelStore
 
 
 def model_path(name: str) -> Path:
+    """A catalog name (pulled when missing), or a path to a .gguf."""
+    if name.endswith(".gguf") and Path(name).exists():
+        return Path(name)
     store = ModelStore()
     return pull(store.catalog.resolve(name), store)
 

@@ -127,12 +127,13 @@ def main() -> None:
     ap.add_argument("--spec", nargs="+", default=["on", "auto"], help="the --spec modes to run each drafter in")
     ap.add_argument("--workloads", nargs="+", default=["free chat", "grounded"])
     ap.add_argument("--repeats", type=int, default=3, help="rounds of all modes; ratios are medians over rounds")
+    ap.add_argument("--skip-padded", action="store_true", help="leave out the `off padded` reference mode")
     args = ap.parse_args()
     target = model_path(args.target)
     for d in args.drafts:
         if d != "ngram":
             model_path(d)
-    modes = [("off", "", "off"), ("off padded", "", "padded")]
+    modes = [("off", "", "off")] + ([] if args.skip_padded else [("off padded", "", "padded")])
     modes += [(f"{d.split(':')[-1]} {m}", d, m) for d in args.drafts for m in args.spec]
     rows = []
     for workload in args.workloads:
