@@ -201,3 +201,77 @@ class LazyConstraint:
     @property
     def is_done(self) -> bool:
         return self.active is not None and self.active.is_done
+
+
+class ReasoningGate:
+    """A reasoning model's grammar, applied after its thinking: the reply may open with the think
+    token and think freely until the closing tag, and the grammar takes over from the next token.
+    If the template already opened the tag (`starts_inside`), the reply begins thinking; else the
+    first token is the grammar's or the think token. A close tag that ends inside a token leaves
+    the reply unconstrained (as a LazyConstraint's misplaced trigger does)."""
+
+    def __init__(self, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes], think_id: int,
+                 close: str = "</think>", starts_inside: bool = False) -> None:
+        self._make = make
+        self._token_bytes = token_bytes
+        self._think_id = think_id
+        self._close = close.encode()
+        self._thought = bytearray()
+        self._gave_up = False
+        self.active: Constraint | None = None if starts_inside else make()
+        self._may_think = not starts_inside  # the first token: the grammar's, or the think token
+        self._thinking = starts_inside
+
+    @property
+    def is_active(self) -> bool:
+        return self.active is not None
+
+    @property
+    def current(self) -> Constraint:
+        assert self.active is not None
+        return self.active
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        if self.active is None:
+            return
+        think = logits[self._think_id]
+        self.active.mask_into(logits)
+        if self._may_think:
+            logits[self._think_id] = think
+
+    def advance(self, token_id: int) -> None:
+        if self._may_think:
+            self._may_think = False
+            if token_id == self._think_id:
+                self.active, self._thinking = None, True
+                return
+        if self.active is not None:
+            self.active.advance(token_id)
+            return
+        if not self._thinking or self._gave_up:
+            return
+        self._thought += self._token_bytes(token_id)
+        at = self._thought.find(self._close)
+        if at < 0:
+            return
+        self._thinking = False
+        if at + len(self._close) != len(self._thought):
+            self._gave_up = True  # the tag ended inside a token: nothing to start the grammar at
+            return
+        self.active = self._make()
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        if self._may_think and token_ids and token_ids[0] == self._think_id:
+            return 1  # (what follows the think token is thinking: the next step drafts it again)
+        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return self.active.forced_tokens() if self.active is not None and not self._may_think else []
+
+    @property
+    def is_done(self) -> bool:
+        return self.active is not None and self.active.is_done
+
+
+# what a request may carry as its grammar
+AnyConstraint = Constraint | LazyConstraint | ReasoningGate

@@ -201,6 +201,11 @@ class LoadedModel:
                 self._embedder = Embedder(self.model, n_ctx, self.options.threads)
             return self._embedder
 
+    def single_token_id(self, text: str) -> int | None:
+        """The id of the one token that spells `text` (a special tag such as <think>), if there is one."""
+        ids = self.model.tokenize(text, add_special=False, parse_special=True)
+        return ids[0] if len(ids) == 1 and self.model.token_bytes(ids[0]) == text.encode() else None
+
     def embedding_ids(self, text: str) -> list[int]:
         return self.model.tokenize(text, add_special=True, parse_special=False)
 

@@ -30,15 +30,17 @@ def byte_level_alphabet() -> list[str]:
 
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
                     extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0,
-                    pooling_type: int | None = None) -> Path:
+                    pooling_type: int | None = None, extra_specials: tuple[str, ...] = ()) -> Path:
     """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
     chat_template: True for ChatML, or a template's source. split_max_tensors > 0 writes a split
     GGUF (STEM-00001-of-0000N.gguf, ... beside `path`). pooling_type: an embedding model's pooling
-    (llama.cpp's enum: 1 mean, 2 CLS, 3 last)."""
+    (llama.cpp's enum: 1 mean, 2 CLS, 3 last). extra_specials: tags such as <think> that tokenize whole
+    (user-defined tokens: parsed from text, rendered as their text)."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
-    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens)
-    types = [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
+    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens) + list(extra_specials)
+    types = ([TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS) - len(extra_specials))
+             + [TokenType.USER_DEFINED] * len(extra_specials))
     n_vocab, n_head, n_head_kv, n_ff = len(tokens), 4, 2, 128
     head_dim = n_embd // n_head
 

@@ -27,7 +27,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from runner.chat_template import TemplateError, TemplateLimitError
-from runner.constraints import JSON_LAYOUT, Constraint, ConstraintError, GrammarSpec, LazyConstraint
+from runner.constraints import (
+    JSON_LAYOUT,
+    AnyConstraint,
+    Constraint,
+    ConstraintError,
+    GrammarSpec,
+    LazyConstraint,
+    ReasoningGate,
+)
 from runner.tools import HERMES, TRIGGERS, ToolReading, call_grammar, syntax_of
 from runner.loaded_model import LoadedModel
 from runner.scheduler.request import GenerationRequest, StreamEvent
@@ -57,6 +65,7 @@ from runner.server.protocol import (
     parse_embeddings,
     parse_json,
 )
+from runner.server.reasoning import CLOSE as REASONING_CLOSE
 from runner.server.reasoning import OPEN as REASONING_OPEN
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.responses import ChoicesBuilder, ResponseBuilder
@@ -165,13 +174,19 @@ async def _chat_request(state: ServerState, params: ChatParams, prefix: str,
     if tokenize_only:
         return ChatRequest([GenerationRequest("count", prompt_ids)], common, reading)
     constraints = []
+    think_id = loaded.single_token_id(REASONING_OPEN) if state.reasoning_format != "none" else None
     for _ in range(common.n):  # each choice follows the grammar on its own
         constraint = await _constraint(state, common)
+        spec = common.grammar
         if tools and params.tool_choice == "auto" and constraint is not None:
-            spec = common.grammar
             assert spec is not None and reading is not None
             constraint = LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
                                         loaded.model.token_bytes)
+        elif constraint is not None and think_id is not None:  # a reasoning model: the grammar after its thinking
+            assert spec is not None
+            splitter = _reasoning(state, prompt_ids)
+            constraint = ReasoningGate(lambda: loaded.compile_constraint(spec), loaded.model.token_bytes, think_id,
+                                       REASONING_CLOSE, starts_inside=splitter is not None and splitter.starts_inside)
         constraints.append(constraint)
     gen = _generation_request(state, prefix, prompt_ids, common, loaded.template.stop, constraints[0])
     return ChatRequest(_choices(gen, constraints), common, reading)
@@ -184,7 +199,7 @@ def _check_n(state: ServerState, n: int, param: str = "n") -> None:
                       f"choice takes one; ask for at most {parallel}", param)
 
 
-def _choices(gen: GenerationRequest, constraints: list[Constraint | LazyConstraint | None]) -> list[GenerationRequest]:
+def _choices(gen: GenerationRequest, constraints: list[AnyConstraint | None]) -> list[GenerationRequest]:
     """The request's choices: the first as asked, the others with their own ids, constraints and
     seeds (seed + i: choice i is reproducible)."""
     out = [gen]
@@ -228,7 +243,7 @@ def _reasoning(state: ServerState, prompt_ids: tuple[int, ...]) -> ReasoningSpli
 
 def _generation_request(
     state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
-    constraint: Constraint | LazyConstraint | None = None, prompt_logprobs: int | None = None,
+    constraint: AnyConstraint | None = None, prompt_logprobs: int | None = None,
 ) -> GenerationRequest:
     n_vocab = state.loaded.model.n_vocab
     if any(t < 0 or t >= n_vocab for t in prompt_ids):
