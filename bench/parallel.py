@@ -69,11 +69,11 @@ def start_server(model: str, concurrency: int, threads: int, trace: Path) -> tup
     return proc, url
 
 
-def warm_up(url: str) -> int:
+def warm_up(url: str, model: str) -> int:
     """Page in the weights and build the compute graphs outside the timed part; returns the
     number of decode steps that took (the ceiling replay skips as many untimed)."""
-    httpx.post(url + "/v1/chat/completions", timeout=60, json={"messages": [{"role": "user", "content": "Hi"}],
-                                                                 "max_tokens": 8, "ignore_eos": True})
+    httpx.post(url + "/v1/chat/completions", timeout=60, json={"model": model, "max_tokens": 8, "ignore_eos": True,
+                                                                 "messages": [{"role": "user", "content": "Hi"}]})
     return int(re.search(r"^runner_steps_total (\d+)", httpx.get(url + "/metrics").text, re.M).group(1))
 
 
@@ -81,9 +81,9 @@ def decode_seconds(url: str) -> float:
     return float(re.search(r"^runner_decode_seconds_total (\S+)", httpx.get(url + "/metrics").text, re.M).group(1))
 
 
-def request_bodies(plan: list[list[str]], max_tokens: int) -> list[list[dict]]:
-    return [[{"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-              "ignore_eos": True} for prompt in prompts] for prompts in plan]
+def request_bodies(plan: list[list[str]], max_tokens: int, model: str) -> list[list[dict]]:
+    return [[{"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+              "temperature": 0, "ignore_eos": True} for prompt in prompts] for prompts in plan]
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -96,9 +96,9 @@ def stop_server(proc: subprocess.Popen) -> None:
 def run_ours(model: str, concurrency: int, plan: list[list[str]], max_tokens: int, threads: int,
              trace: Path) -> tuple[float, int, list[float], int, float]:
     proc, url = start_server(model, concurrency, threads, trace)
-    n_warmup_steps = warm_up(url)
+    n_warmup_steps = warm_up(url, model)
     decode_before = decode_seconds(url)
-    load = run_clients(url, request_bodies(plan, max_tokens))
+    load = run_clients(url, request_bodies(plan, max_tokens, model))
     decode_s = decode_seconds(url) - decode_before
     print(f"  ours: wall {load.elapsed_s:.3f} s, of which in llama_decode {decode_s:.3f} s", file=sys.stderr)
     stop_server(proc)
@@ -160,10 +160,11 @@ def run_interleaved(model_name: str, model: Model, concurrency: int, plan: list[
     far. Both see the machine in the same seconds, so the ratio no longer carries its drift.
     Returns (seconds the server ran, seconds the replay took) for the same batches."""
     proc, url = start_server(model_name, concurrency, threads, trace)
-    n_warmup = warm_up(url)
+    n_warmup = warm_up(url, model_name)
     replay = Replay(model, concurrency, threads, n_warmup)
     result: list = []
-    clients = threading.Thread(target=lambda: result.append(run_clients(url, request_bodies(plan, max_tokens))))
+    clients = threading.Thread(target=lambda: result.append(run_clients(url, request_bodies(plan, max_tokens,
+                                                                                            model_name))))
     trace_file = trace.open()
     pending = ""
 

@@ -49,8 +49,11 @@ class Stream:
         self._cm.__exit__(None, None, None)
 
 
+SERVED = "bench"  # the servers here are started with --alias bench
+
+
 def ask(url: str, system: str, question: str, max_tokens: int = 8, **extra: object) -> Stream:
-    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    body = {"model": SERVED, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
             "max_tokens": max_tokens, "temperature": 0, **extra}
     return Stream(url, "/v1/chat/completions", body)
 
@@ -58,7 +61,7 @@ def ask(url: str, system: str, question: str, max_tokens: int = 8, **extra: obje
 def start_server(model: str, n_slots: int, threads: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner", "serve", model, "--port", "0", "--parallel", str(n_slots),
-         "--ctx-size", "2048", "--threads", str(threads), "-q"], stderr=subprocess.PIPE, text=True)
+         "--ctx-size", "2048", "--threads", str(threads), "--alias", SERVED, "-q"], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     while True:
         line = proc.stderr.readline()
@@ -72,7 +75,7 @@ def start_server(model: str, n_slots: int, threads: int) -> tuple[subprocess.Pop
 def measure(model: str, n_busy: int, repeats: int, threads: int) -> dict[str, float]:
     proc, url = start_server(model, n_busy + 2, threads)
     times: dict[str, list[float]] = {"cold": [], "warm-own": [], "warm-copy": []}
-    busy = [Stream(url, "/v1/completions", {"prompt": COUNTING, "max_tokens": 1900, "temperature": 0,
+    busy = [Stream(url, "/v1/completions", {"model": SERVED, "prompt": COUNTING, "max_tokens": 1900, "temperature": 0,
                                            "ignore_eos": True}) for _ in range(n_busy)]
     try:
         for r in range(repeats):

@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import print_table  # noqa: E402
 
 URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
-GREEDY = {"messages": [{"role": "user", "content": "Name three colours."}], "temperature": 0, "max_tokens": 32}
+SERVED = "bench"  # the server is started with --alias bench
+GREEDY = {"model": SERVED, "messages": [{"role": "user", "content": "Name three colours."}], "temperature": 0,
+          "max_tokens": 32}
 QUESTIONS = ["What is the capital of France?", "Count to ten.", "Say hello in Spanish.", "Name a planet.",
              "Write a haiku about the sea.", "What do bees make?", "Explain rain in one sentence."]
 RSS_GROWTH_MAX = 0.10  # between the first and the last round
@@ -61,7 +63,7 @@ def bad_request(url: str) -> tuple[dict, set[int]]:
     if kind == 3:
         return {"json": {**GREEDY, "temperature": 9}, "url": chat}, {400}
     if kind == 4:
-        big = {"messages": [{"role": "user", "content": "x" * 9_000_000}]}
+        big = {"model": SERVED, "messages": [{"role": "user", "content": "x" * 9_000_000}]}
         return {"json": big, "url": chat}, {413}
     return {"json": GREEDY, "headers": {"Host": "evil.example"}, "url": chat}, {403}
 
@@ -75,7 +77,7 @@ async def one_request(client: httpx.AsyncClient, url: str, tally: Tally, disconn
         else:
             tally.unexpected.append(f"bad input got {r.status_code}: {r.text[:120]}")
         return
-    body = {"messages": [{"role": "user", "content": random.choice(QUESTIONS)}], "stream": True,
+    body = {"model": SERVED, "messages": [{"role": "user", "content": random.choice(QUESTIONS)}], "stream": True,
             "max_tokens": random.randint(8, 96), "temperature": 0.8}
     leave_after = random.randint(1, 12) if random.random() < disconnect_share else None
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -159,7 +161,7 @@ def main() -> None:
     random.seed(args.seed)
     server = subprocess.Popen([sys.executable, "-m", "runner", "serve", args.model, "--port", "0", "--parallel",
                                str(args.parallel), "--ctx-size", "1024", "--max-queue", str(args.clients),
-                               "--max-body-mb", "8"], stderr=subprocess.PIPE, text=True)
+                               "--max-body-mb", "8", "--alias", SERVED], stderr=subprocess.PIPE, text=True)
     try:
         assert server.stderr is not None
         url = None

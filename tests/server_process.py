@@ -17,6 +17,7 @@ URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
 
 class ServerProcess:
     def __init__(self, model: str, cache: Path, *args: str) -> None:
+        self.model = model
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner", "serve", model, "--port", "0", "--host", "127.0.0.1", *args],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
@@ -47,7 +48,15 @@ class ServerProcess:
         return httpx.get(self.url + path, timeout=30, **kw)
 
     def post(self, path: str, **kw: object) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60, **kw)
+        """POST; a JSON body for the API names the served model unless it says otherwise (`"model": None`
+        sends none)."""
+        return httpx.post(self.url + path, timeout=60, **self.with_model(path, kw))
+
+    def with_model(self, path: str, kw: dict) -> dict:
+        body = kw.get("json")
+        if path.startswith("/v1/") and isinstance(body, dict) and "model" not in body:
+            kw = {**kw, "json": {"model": self.model, **body}}
+        return kw
 
     def wait_all_idle(self, timeout_s: float = 10, headers: dict[str, str] | None = None) -> list[dict]:
         deadline = time.time() + timeout_s

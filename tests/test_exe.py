@@ -92,10 +92,12 @@ def test_serves_the_chat_and_stops_cleanly(exe: Path, home: Path, args: tuple[st
         models = httpx.get(url + "/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["smollm2-135m-instruct"]
         chat = httpx.post(url + "/v1/chat/completions", timeout=60,
-                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                          json={"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}],
+                                "max_tokens": 4})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] >= 1
         structured = httpx.post(url + "/v1/chat/completions", timeout=60, json={  # llguidance travels in the exe
-            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0,
+            "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40,
+            "temperature": 0,
             "response_format": {"type": "json_object"}})
         assert structured.status_code == 200, structured.text
         assert isinstance(json.loads(structured.json()["choices"][0]["message"]["content"]), dict)

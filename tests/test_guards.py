@@ -16,7 +16,7 @@ from runner.server.app import ServerState, create_app
 from runner.server.engine_thread import EngineThread
 from runner.server.guards import HostPolicy
 
-BODY = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_a_cross_site_text_plain_post_is_refused_with_415(client: TestClient, st
 
 
 def test_json_with_a_charset_is_fine(client: TestClient) -> None:
-    r = client.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "hi"}], '
+    r = client.post("/v1/chat/completions", content=b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
                     b'"max_tokens": 1}', headers={"Content-Type": "application/json; charset=utf-8"})
     assert r.status_code == 200
 
@@ -133,7 +133,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(client: Test
     monkeypatch.setattr(state.loaded, "text_prompt_ids", never)
     monkeypatch.setattr(state.loaded, "chat_prompt_ids", never)
     n_chars = 128 * state.loaded.model.max_token_bytes  # even at the longest token each: over 128
-    r = client.post("/v1/completions", json={"prompt": "x" * n_chars})
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x" * n_chars})
     assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "prompt"
-    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * n_chars}]})
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x" * n_chars}]})
     assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "messages"

@@ -53,12 +53,12 @@ def test_the_document_lists_every_declared_parameter() -> None:
     assert {f.name for f in protocol.CHAT_FIELDS} <= set(chat["properties"])
     assert chat["properties"]["temperature"] == {"type": "number", "description": "0: greedy", "minimum": 0.0,
                                                  "maximum": 2.0}
-    assert chat["required"] == ["messages"]
+    assert chat["required"] == ["model", "messages"]
 
 
 def test_the_server_serves_its_document(app: object) -> None:
     client = TestClient(app, base_url="http://127.0.0.1")  # no `with`: that would run (and end) the lifespan again
-    assert client.get("/openapi.json").json() == openapi_document(needs_key=False, max_n=2)
+    assert client.get("/openapi.json").json() == openapi_document(needs_key=False, max_n=2, model_ids=["tiny"])
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])

@@ -53,7 +53,8 @@ class Streamer:
     """A client holding a slot busy with a long streamed reply until closed."""
 
     def __init__(self, server: ServerProcess, path: str, body: dict) -> None:
-        self._cm = httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120)
+        self._cm = httpx.stream("POST", server.url + path, json={"model": server.model, **body, "stream": True},
+                                timeout=120)
         self._lines = self._cm.__enter__().iter_lines()  # kept: dropping it would disconnect
         data = (line for line in self._lines if line.startswith("data: {"))
         while '"role"' in next(data):  # a chat stream opens with a role-only chunk; wait for a token

@@ -102,7 +102,8 @@ def test_echo_returns_the_prompt_before_the_completion(server: ServerProcess) ->
     assert whole["text"].startswith("The quick brown fox") and len(whole["logprobs"]["tokens"]) == 4 + 4
     plain = server.post("/v1/completions", json={**body, "echo": False}).json()["choices"][0]
     assert whole["text"] == "The quick brown fox" + plain["text"]
-    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream("POST", server.url + "/v1/completions", json={"model": MODEL, **body, "stream": True},
+                      timeout=60) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     assert '"text": "The quick brown fox"' in lines[0]
 

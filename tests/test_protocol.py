@@ -31,6 +31,7 @@ BAD_CHAT = [
     ({"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),
     ({"messages": MSG, "stream": "yes"}, 400, "stream", "invalid_type"),
     ({"messages": MSG, "model": "gpt-4o"}, 404, "model", "model_not_found"),
+    ({"messages": MSG}, 400, "model", "missing_required_parameter"),  # OpenAI's spec requires it
     (b"[" * 10_000 + b"]" * 10_000, 400, None, "invalid_json"),  # past Python's recursion limit
     (b'{"messages": ' + b"[" * 100 + b"]" * 100 + b"}", 400, None, "invalid_json"),  # past MAX_JSON_DEPTH
     (b'{"messages": [], "seed": ' + b"9" * 5000 + b"}", 400, None, "invalid_json"),  # over 4,300 digits

@@ -47,7 +47,8 @@ def test_sigterm_with_streams_open_cancels_them_and_exits_promptly(smollm2_path:
     ends: list[str] = []
 
     def stream() -> None:
-        body = {"prompt": COUNTING, "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}
+        body = {"model": srv.model, "prompt": COUNTING, "max_tokens": 4000, "ignore_eos": True, "temperature": 0,
+                "stream": True}
         try:
             with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as r:
                 lines = r.iter_lines()
@@ -82,7 +83,7 @@ def test_sigterm_with_streams_open_cancels_them_and_exits_promptly(smollm2_path:
 def test_an_abandoned_whole_reply_stops_generating(smollm2_path: Path, model_cache: Path) -> None:
     srv = ServerProcess("smollm2-135m-instruct", model_cache, "--parallel", "1", "--ctx-size", "2048")
     try:
-        body = {"prompt": COUNTING, "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+        body = {"model": srv.model, "prompt": COUNTING, "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
         with pytest.raises(httpx.ReadTimeout):  # the client gives up 1 s into the reply (connecting may take longer)
             httpx.post(srv.url + "/v1/completions", json=body, timeout=httpx.Timeout(1.0, connect=30.0))
         slots = srv.wait_all_idle(timeout_s=120)

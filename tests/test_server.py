@@ -170,7 +170,7 @@ def test_concurrent_requests_equal_their_solo_runs(client: openai.OpenAI, server
 
 
 def test_disconnect_frees_the_slot_and_the_queued_request_starts(server: ServerProcess) -> None:
-    body = {"prompt": COUNTING, "max_tokens": 900, "temperature": 0, "stream": True}
+    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": 900, "temperature": 0, "stream": True}
     streams, request_ids, readers = [], [], []
     for _ in range(4):  # occupy every slot
         cm = httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60)
@@ -184,7 +184,7 @@ def test_disconnect_frees_the_slot_and_the_queued_request_starts(server: ServerP
     first_chunk: list[str] = []
     waiter = threading.Thread(target=lambda: first_chunk.append(
         httpx.post(server.url + "/v1/chat/completions", timeout=60,
-                   json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).text))
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).text))
     waiter.start()
     assert wait_for_queue_depth(server, 1)
     victim = request_ids[0]
@@ -273,7 +273,7 @@ def test_api_key_is_required(guarded: ServerProcess) -> None:
 
 def test_queue_full_gives_503_with_retry_after(guarded: ServerProcess) -> None:
     auth = {"Authorization": "Bearer s3cret"}
-    long_body = {"prompt": COUNTING, "max_tokens": 600, "stream": True, "temperature": 0}
+    long_body = {"model": MODEL, "prompt": COUNTING, "max_tokens": 600, "stream": True, "temperature": 0}
     with httpx.stream("POST", guarded.url + "/v1/completions", json=long_body, headers=auth, timeout=60) as first:
         reader = first.iter_lines()  # kept alive: dropping it would close the connection
         next(reader)

@@ -15,7 +15,7 @@ from runner.loaded_model import LoadedModel
 from runner.options import EngineOptions
 from runner.server.app import ServerState, create_app
 
-BODY = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0,
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0,
         "ignore_eos": True, "stream": True}
 
 
@@ -94,7 +94,7 @@ def test_a_request_without_max_tokens_stops_at_the_server_default(tiny_gguf: Pat
     thread.start()
     state = ServerState(loaded, thread, ["tiny"])
     with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
-        body = {"messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
         r = client.post("/v1/chat/completions", json=body)
         assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
 
@@ -113,7 +113,8 @@ def test_logit_bias_is_enforced_and_checked_against_the_vocabulary(app_state: Se
 @pytest.mark.parametrize("reasoning_format", ["deepseek", "none"])
 def test_a_think_block_becomes_reasoning_content(app_state: ServerState, reasoning_format: str) -> None:
     app_state.reasoning_format = reasoning_format
-    body = {"messages": [{"role": "user", "content": "hello"}], "temperature": 0.9, "seed": 3, "max_tokens": 40,
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0.9, "seed": 3,
+            "max_tokens": 40,
             "grammar": 'root ::= "<think>" "plan " [a-c] "</think>" "answer"'}  # the reply a reasoning model writes
     with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
         whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]

@@ -473,7 +473,8 @@ def create_app(state: ServerState) -> Starlette:
         data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
         return JSONResponse({"object": "list", "data": data})
 
-    document = openapi_document(needs_key=state.api_key is not None, max_n=loaded.options.parallel)
+    document = openapi_document(needs_key=state.api_key is not None, max_n=loaded.options.parallel,
+                                model_ids=state.model_ids)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)

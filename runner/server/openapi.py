@@ -103,8 +103,9 @@ def _responses(ok: dict[str, Any], streams: bool, errors: list[str]) -> dict[str
     return out
 
 
-def openapi_document(needs_key: bool, max_n: int = 1) -> dict[str, Any]:
-    """The document; `max_n`: the server's slot count, the most choices (n, best_of) one request gets."""
+def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | None = None) -> dict[str, Any]:
+    """The document; `max_n`: the server's slot count, the most choices (n, best_of) one request gets;
+    `model_ids`: the names `model` may take."""
     api_errors = [s for s in ERROR_STATUSES if s != "401" or needs_key]
     get_errors = ["403"] + (["401"] if needs_key else [])
     chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
@@ -121,11 +122,11 @@ def openapi_document(needs_key: bool, max_n: int = 1) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
-                "requestBody": _request_body(protocol.CHAT_FIELDS, chat_extra, ["messages"]),
+                "requestBody": _request_body(protocol.CHAT_FIELDS, chat_extra, ["model", "messages"]),
                 "responses": _responses(CHAT_COMPLETION, True, api_errors)}},
             "/v1/completions": {"post": {
                 "operationId": "createCompletion",
-                "requestBody": _request_body(protocol.COMPLETION_FIELDS, completion_extra, ["prompt"]),
+                "requestBody": _request_body(protocol.COMPLETION_FIELDS, completion_extra, ["model", "prompt"]),
                 "responses": _responses(COMPLETION, True, api_errors)}},
             "/v1/models": {"get": {"operationId": "listModels", "responses": _responses(MODELS, False, get_errors)}},
             "/health": {"get": {"operationId": "health", "responses": {
@@ -140,6 +141,8 @@ def openapi_document(needs_key: bool, max_n: int = 1) -> dict[str, Any]:
         for name in ("n", "best_of"):
             if name in properties:
                 properties[name] = {**properties[name], "maximum": max_n}
+        if model_ids:
+            properties["model"] = {**properties["model"], "enum": list(model_ids)}
     if needs_key:
         doc["components"] = {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
         doc["security"] = [{"bearer": []}]

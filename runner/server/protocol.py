@@ -114,7 +114,7 @@ def _is_kind(value: Any, kind: str) -> bool:
     return isinstance(value, int) if kind == "integer" else math.isfinite(value)
 
 
-MODEL = Field("model", "string", "the served model id or an alias (optional: one model is served)")
+MODEL = Field("model", "string", "the served model id or an alias (required, as OpenAI's API has it)")
 N = Field("n", "integer", "choices per request (at most the server's --parallel)", 1)
 BEST_OF = Field("best_of", "integer", "generate this many, return the n with the highest mean logprob (not streamed)", 1)
 STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
@@ -430,7 +430,10 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
 
 
 def check_model(requested: str | None, served: list[str]) -> None:
-    if requested is not None and requested not in served:
+    if requested is None:
+        raise invalid(f"'model' is required; this server serves: {', '.join(served)}", "model",
+                      "missing_required_parameter")
+    if requested not in served:
         raise ApiError(
             404, f"The model '{requested}' does not exist; this server serves: {', '.join(served)}",
             param="model", code="model_not_found",
