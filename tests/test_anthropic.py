@@ -39,7 +39,7 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
-    ({"max_tokens": 5, "messages": ASK, "tools": [{"description": "no name"}]}, "tools"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [{"description": "no name"}]}, "tools.0.name"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}, "tools": [WEATHER]}, "tool_choice"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:

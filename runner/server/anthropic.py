@@ -83,32 +83,21 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         return ()
     if not isinstance(value, list):
         raise invalid("tools must be a list", "tools")
-    tools = []
-    for i, tool in enumerate(value):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise invalid(f"tools.{i}.name: a tool needs a name", "tools")
-        schema = tool.get("input_schema", {"type": "object"})
-        if not isinstance(schema, dict):
-            raise invalid(f"tools.{i}.input_schema must be a JSON schema object", "tools")
-        tools.append(Tool(tool["name"], str(tool.get("description", "")), schema))
-    return tuple(tools)
+    tools = [protocol.function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"),
+                                    f"tools.{i}", "input_schema")
+             if isinstance(tool, dict) else protocol.function_tool(None, None, None, f"tools.{i}")
+             for i, tool in enumerate(value)]
+    return protocol.distinct_tools(tools)
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
     if value is None:
-        return "auto" if tools else "none"
+        return protocol.checked_tool_choice(None, value, tools)
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "tool":
-        if value.get("name") not in {t.name for t in tools}:
-            raise invalid(f"tool_choice names {json.dumps(value.get('name'))}, which is not among the tools",
-                          "tool_choice")
-        return str(value["name"])
-    choice = {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
+    choice = (value.get("name") or "") if kind == "tool" else {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
     if choice is None:
         raise invalid("tool_choice.type must be auto, any, tool or none", "tool_choice")
-    if choice != "none" and not tools:
-        raise invalid("tool_choice needs tools", "tool_choice")
-    return choice
+    return protocol.checked_tool_choice(choice, value, tools)
 
 
 def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:

@@ -114,34 +114,20 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise invalid(f"tools[{i}]: only function tools are supported here, got {json.dumps(kind)}", f"tools[{i}]")
-        name, params = tool.get("name"), tool.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(name, str) or not protocol.TOOL_NAME.match(name):
-            raise invalid(f"tools[{i}].name must be 1-64 letters, digits, _ or -", f"tools[{i}].name")
-        if not isinstance(params, dict):
-            raise invalid(f"tools[{i}].parameters must be a JSON schema object", f"tools[{i}].parameters",
-                          "invalid_type")
-        description = tool.get("description")
-        tools.append(Tool(name, description if isinstance(description, str) else "", params))
-    if len({t.name for t in tools}) < len(tools):
-        raise invalid("'tools' names a function twice", "tools")
-    return tuple(tools)
+        tools.append(protocol.function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"),
+                                            f"tools[{i}]"))
+    return protocol.distinct_tools(tools)
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
-    if value is None:
-        return "auto" if tools else "none"
-    if value in ("auto", "none", "required"):
+    if value is None or value in ("auto", "none", "required"):
         choice = value
     elif isinstance(value, dict) and value.get("type") == "function":
         choice = value.get("name")
-        if choice not in {t.name for t in tools}:
-            raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
     else:
         raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
                       "tool_choice")
-    if choice != "none" and not tools:
-        raise invalid(f"tool_choice {json.dumps(value)} needs 'tools'", "tool_choice")
-    return choice
+    return protocol.checked_tool_choice(choice, value, tools)
 
 
 def _grammar(text: Any) -> GrammarSpec | None:

@@ -357,30 +357,45 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
         if not isinstance(fn, dict):
             raise invalid(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}", f"tools[{i}]")
-        name, params = fn.get("name"), fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(name, str) or not TOOL_NAME.match(name):
-            raise invalid(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -", f"tools[{i}].function.name")
-        if not isinstance(params, dict):
-            raise invalid(f"tools[{i}].function.parameters must be a JSON schema object",
-                          f"tools[{i}].function.parameters", "invalid_type")
-        description = fn.get("description", "")
-        tools.append(Tool(name, description if isinstance(description, str) else "", params))
+        tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
+                                   f"tools[{i}].function"))
+    return distinct_tools(tools)
+
+
+def function_tool(name: Any, description: Any, parameters: Any, where: str, params_key: str = "parameters") -> Tool:
+    """One function tool, whatever the dialect's wrapping; `where` is its path in the request, for errors."""
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise invalid(f"{where}.name must be 1-64 letters, digits, _ or -", f"{where}.name")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise invalid(f"{where}.{params_key} must be a JSON schema object", f"{where}.{params_key}", "invalid_type")
+    return Tool(name, description if isinstance(description, str) else "", parameters)
+
+
+def distinct_tools(tools: list[Tool]) -> tuple[Tool, ...]:
     if len({t.name for t in tools}) < len(tools):
         raise invalid("'tools' names a function twice", "tools")
     return tuple(tools)
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
-    if value is None:
-        return "auto" if tools else "none"
-    if value in ("auto", "none", "required"):
+    if value is None or value in ("auto", "none", "required"):
         choice = value
     elif isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
         choice = value["function"].get("name")
-        if choice not in {t.name for t in tools}:
-            raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
     else:
         raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", ...}", "tool_choice")
+    return checked_tool_choice(choice, value, tools)
+
+
+def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...]) -> str:
+    """A dialect's tool choice read as auto, none, required or a tool's name (None: the default), checked
+    against the tools; `value` is what the request sent, quoted in errors."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice not in ("auto", "none", "required") and choice not in {t.name for t in tools}:
+        raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
     if choice != "none" and not tools:
         raise invalid(f"tool_choice {json.dumps(value)} needs 'tools'", "tool_choice")
     return choice
