@@ -70,7 +70,7 @@ def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Const
 _executor: Any = None  # llguidance's thread pool, made on first use
 
 
-def prefetch_masks(constraints: list[Constraint | LazyConstraint]) -> None:
+def prefetch_masks(constraints: list[AnyConstraint]) -> None:
     """Compute the next mask of several requests at once on llguidance's thread pool, so the
     step's serial Python does not grow by a mask per constrained slot."""
     global _executor
@@ -137,21 +137,12 @@ class Constraint:
         return bool(self.matcher.is_stopped())
 
 
-class LazyConstraint:
-    """A grammar that starts where the reply starts a trigger (a tool call, with tool_choice auto):
-    before it nothing is masked, so text replies are not slowed; from the token the trigger begins
-    at, the grammar takes every token. A trigger that begins inside a token, or text the grammar
-    refuses, leaves the reply unconstrained (it is still read for calls when it ends)."""
+class DeferredConstraint:
+    """A grammar that holds from some point of the reply on: before `active` is set nothing is
+    masked and tokens go to `_watch`, which decides when the grammar starts."""
 
-    def __init__(self, trigger: str, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes]) -> None:
-        self._trigger = trigger.encode()
-        self._make = make
-        self._token_bytes = token_bytes
-        self._text = bytearray()
-        self._starts: list[int] = []  # byte offset of each committed token in _text
-        self._ids: list[int] = []
+    def __init__(self) -> None:
         self.active: Constraint | None = None
-        self._gave_up = False
 
     @property
     def is_active(self) -> bool:
@@ -169,7 +160,40 @@ class LazyConstraint:
     def advance(self, token_id: int) -> None:
         if self.active is not None:
             self.active.advance(token_id)
-            return
+        else:
+            self._watch(token_id)
+
+    def _watch(self, token_id: int) -> None:
+        raise NotImplementedError
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return self.active.forced_tokens() if self.active is not None else []
+
+    @property
+    def is_done(self) -> bool:
+        return self.active is not None and self.active.is_done
+
+
+class LazyConstraint(DeferredConstraint):
+    """A grammar that starts where the reply starts a trigger (a tool call, with tool_choice auto):
+    before it nothing is masked, so text replies are not slowed; from the token the trigger begins
+    at, the grammar takes every token. A trigger that begins inside a token, or text the grammar
+    refuses, leaves the reply unconstrained (it is still read for calls when it ends)."""
+
+    def __init__(self, trigger: str, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes]) -> None:
+        super().__init__()
+        self._trigger = trigger.encode()
+        self._make = make
+        self._token_bytes = token_bytes
+        self._text = bytearray()
+        self._starts: list[int] = []  # byte offset of each committed token in _text
+        self._ids: list[int] = []
+        self._gave_up = False
+
+    def _watch(self, token_id: int) -> None:
         if self._gave_up:
             return
         old_len = len(self._text)
@@ -192,18 +216,8 @@ class LazyConstraint:
             return
         self.active = constraint
 
-    def n_valid(self, token_ids: list[int]) -> int:
-        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
 
-    def forced_tokens(self) -> list[int]:
-        return self.active.forced_tokens() if self.active is not None else []
-
-    @property
-    def is_done(self) -> bool:
-        return self.active is not None and self.active.is_done
-
-
-class ReasoningGate:
+class ReasoningGate(DeferredConstraint):
     """A reasoning model's grammar, applied after its thinking: the reply may open with the think
     token and think freely until the closing tag, and the grammar takes over from the next token.
     If the template already opened the tag (`starts_inside`), the reply begins thinking; else the
@@ -212,24 +226,16 @@ class ReasoningGate:
 
     def __init__(self, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes], think_id: int,
                  close: str = "</think>", starts_inside: bool = False) -> None:
+        super().__init__()
         self._make = make
         self._token_bytes = token_bytes
         self._think_id = think_id
         self._close = close.encode()
         self._thought = bytearray()
         self._gave_up = False
-        self.active: Constraint | None = None if starts_inside else make()
+        self.active = None if starts_inside else make()
         self._may_think = not starts_inside  # the first token: the grammar's, or the think token
         self._thinking = starts_inside
-
-    @property
-    def is_active(self) -> bool:
-        return self.active is not None
-
-    @property
-    def current(self) -> Constraint:
-        assert self.active is not None
-        return self.active
 
     def mask_into(self, logits: np.ndarray) -> None:
         if self.active is None:
@@ -245,9 +251,9 @@ class ReasoningGate:
             if token_id == self._think_id:
                 self.active, self._thinking = None, True
                 return
-        if self.active is not None:
-            self.active.advance(token_id)
-            return
+        super().advance(token_id)
+
+    def _watch(self, token_id: int) -> None:
         if not self._thinking or self._gave_up:
             return
         self._thought += self._token_bytes(token_id)
@@ -263,15 +269,11 @@ class ReasoningGate:
     def n_valid(self, token_ids: list[int]) -> int:
         if self._may_think and token_ids and token_ids[0] == self._think_id:
             return 1  # (what follows the think token is thinking: the next step drafts it again)
-        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
+        return super().n_valid(token_ids)
 
     def forced_tokens(self) -> list[int]:
-        return self.active.forced_tokens() if self.active is not None and not self._may_think else []
-
-    @property
-    def is_done(self) -> bool:
-        return self.active is not None and self.active.is_done
+        return [] if self._may_think else super().forced_tokens()
 
 
 # what a request may carry as its grammar
-AnyConstraint = Constraint | LazyConstraint | ReasoningGate
+AnyConstraint = Constraint | DeferredConstraint

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from runner.constraints import Constraint, LazyConstraint, ReasoningGate
+    from runner.constraints import AnyConstraint
 
 GREEDY_EPS = 1e-5
 
@@ -56,7 +56,7 @@ class Sampler:
     """Per-request sampling state: the RNG and the token history penalties look at."""
 
     def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None,
-                 constraint: Constraint | LazyConstraint | ReasoningGate | None = None) -> None:
+                 constraint: AnyConstraint | None = None) -> None:
         self.params = params
         self.constraint = constraint  # masks every row it samples; advances with every accepted token
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")

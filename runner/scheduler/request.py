@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.constraints import Constraint, LazyConstraint, ReasoningGate
+from runner.constraints import AnyConstraint
 from runner.options import DEFAULT_MAX_TOKENS
 from runner.sampling import SamplingParams
 
@@ -36,7 +36,7 @@ class GenerationRequest:
     n_top_logprobs: int | None = None  # None: no logprobs; 0: only the chosen token's
     ignore_eos: bool = False
     speculate: bool = True  # False: never draft for this request, whatever the server's --spec
-    constraint: Constraint | LazyConstraint | ReasoningGate | None = None  # the reply must follow this grammar (fresh per request)
+    constraint: AnyConstraint | None = None  # the reply must follow this grammar (fresh per request)
     # score the prompt: each prompt token's logprob (and this many alternatives) from the prefill's
     # own logits; the prompt is then computed whole, never taken from the prefix cache. None: no
     prompt_logprobs: int | None = None
