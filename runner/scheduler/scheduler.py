@@ -73,19 +73,21 @@ class Scheduler:
         self.waiting.extend(seqs)
 
     def cancel(self, request_id: str) -> None:
-        for seq in self.waiting:
+        for seq in self._live_seqs():
             if seq.request_id == request_id:
-                seq.is_cancel_requested = True
-        for slot in self.pool.active():
-            if slot.seq is not None and slot.seq.request_id == request_id:
-                slot.seq.is_cancel_requested = True
+                self._mark_cancelled(seq)
 
     def cancel_all(self) -> None:
-        for seq in self.waiting:
+        for seq in self._live_seqs():
             seq.is_cancel_requested = True
-        for slot in self.pool.active():
-            if slot.seq is not None:
-                slot.seq.is_cancel_requested = True
+
+    def _live_seqs(self) -> list[Sequence]:
+        return list(self.waiting) + [slot.seq for slot in self.pool.active() if slot.seq is not None]
+
+    @staticmethod
+    def _mark_cancelled(seq: Sequence) -> None:
+        for each in seq.beam.seqs if seq.beam is not None else [seq]:  # one beam's cancel ends the whole search
+            each.is_cancel_requested = True
 
     @property
     def has_work(self) -> bool:
@@ -197,10 +199,6 @@ class Scheduler:
             self.pool.release(each)
 
     def _reap_cancelled(self) -> None:
-        for seq in [s for s in self.waiting] + [s.seq for s in self.pool.active() if s.seq is not None]:
-            if seq.is_cancel_requested and seq.beam is not None:  # one beam's cancel ends the whole search
-                for other in seq.beam.seqs:
-                    other.is_cancel_requested = True
         if any(seq.is_cancel_requested for seq in self.waiting):
             for seq in [s for s in self.waiting if s.is_cancel_requested]:
                 seq.finish(FinishReason.CANCELLED)
