@@ -10,14 +10,16 @@ first token) and the usage chunk.
 from __future__ import annotations
 
 import json
+import re
 import selectors
 import socket
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-CONTENT = b'"content": "'
-EMPTY_CONTENT = b'"content": ""'
+# (json.dumps spacing, as runner writes, or compact, as llama.cpp's server writes)
+CONTENT = re.compile(rb'"content": ?"(?!")')  # a chunk with text in it
+USAGE_CHUNK = re.compile(rb'"choices": ?\[\]')  # stream_options.include_usage's last chunk
 # Once a reply's first token is in (time to first token taken), the client is woken only when
 # this many bytes wait (or the server closes): a chunk is ~200 bytes, so a wake-up per ~10
 # tokens instead of one per token, each of which took a core from llama.cpp's threads.
@@ -98,9 +100,9 @@ def _consume(client: _Client, data: bytes) -> None:
     for line in lines:
         if not line.startswith(b"data: {"):
             continue
-        if client.first_s is None and CONTENT in line and EMPTY_CONTENT not in line:
+        if client.first_s is None and CONTENT.search(line):
             client.first_s = time.perf_counter()
             assert client.sock is not None
             client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RCVLOWAT_BYTES)
-        elif b'"usage"' in line and b'"choices": []' in line:
+        elif b'"usage"' in line and USAGE_CHUNK.search(line):
             client.n_tokens += json.loads(line[6:])["usage"]["completion_tokens"]

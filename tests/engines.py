@@ -17,10 +17,11 @@ from runner.scheduler.scheduler import Scheduler
 def fake_engine(n_slots: int = 1, n_ctx: int = 256, n_batch: int = 64, max_queue: int = 4,
                 speculator: Speculation | None = None, runtime: FakeRuntime | None = None,
                 clock: Callable[[], float] | None = None) -> tuple[Engine, FakeRuntime]:
-    """An engine on the fake runtime (next token = last + 1); `clock` replaces the wall clock."""
+    """An engine on the fake runtime (next token = last + 1); `clock` replaces the wall clock (by
+    default one that stands still: no step takes time, so nothing depends on this machine's speed)."""
     rt = runtime or FakeRuntime()
-    kwargs = {"clock": clock} if clock is not None else {}
-    return Engine(rt, Scheduler(n_slots, n_ctx, n_batch, max_queue, rt), rt, speculator, **kwargs), rt
+    return Engine(rt, Scheduler(n_slots, n_ctx, n_batch, max_queue, rt), rt, speculator,
+                  clock=clock or (lambda: 0.0)), rt
 
 
 def load_tiny(path: Path, parallel: int = 1, **options: Any) -> LoadedModel:

@@ -237,3 +237,54 @@ def test_a_request_whose_sampling_raises_fails_alone() -> None:
     assert [t for e in good for t in e.token_ids] == [22, 23, 24, 25, 26]
     assert [s.state for s in engine.scheduler.pool.slots] == [SlotState.IDLE, SlotState.IDLE]
     assert rt.kv.get(0, []) == []  # the failed slot's KV is not trusted
+
+
+def _plans_of_prompts(engine: Engine, rt: FakeRuntime, n_steps: int) -> list[list[int]]:
+    """Per step, the slots whose prompt rows it carried."""
+    out = []
+    for _ in range(n_steps):
+        engine.step()
+        out.append([seq for seq, tokens, pos, _ in rt.batches[-1] if pos == 0 and len(tokens) > 1])
+    return out
+
+
+def test_where_steps_cost_per_token_prompts_are_prefilled_one_at_a_time_shortest_first() -> None:
+    engine, rt = make_engine(n_slots=3, n_batch=64)
+    for n, seconds in ((1, 0.009), (8, 0.037), (64, 0.261)):  # a small model on a CPU: 5 ms + 4 ms a token
+        engine.scheduler.step_times.observe(n, seconds)
+    submit(engine, "long", list(range(100, 130)), max_tokens=8)
+    submit(engine, "short", list(range(200, 210)), max_tokens=8)
+    submit(engine, "mid", list(range(300, 320)), max_tokens=8)
+    assert _plans_of_prompts(engine, rt, 3) == [[1], [2], [0]]  # 10, then 20, then 30 tokens
+    # each prompt's step carries the decode rows of the ones before it
+    assert [seq for seq, *_ in rt.batches[-1]] == [1, 2, 0]
+
+
+def test_where_steps_cost_mostly_a_fixed_time_prompts_share_a_step() -> None:
+    engine, rt = make_engine(n_slots=3, n_batch=64)
+    for n, seconds in ((1, 0.0200), (64, 0.0213)):  # a GPU: 20 ms a step, 0.02 ms a token
+        engine.scheduler.step_times.observe(n, seconds)
+    for i, n in enumerate((30, 10, 20)):
+        submit(engine, f"r{i}", list(range(100 * (i + 1), 100 * (i + 1) + n)))
+    assert _plans_of_prompts(engine, rt, 1) == [[1, 2, 0]]  # (shortest first)
+
+
+def test_until_step_times_are_known_prompts_share_a_step_in_arrival_order() -> None:
+    engine, rt = make_engine(n_slots=3, n_batch=64)
+    for i, n in enumerate((30, 10, 20)):
+        submit(engine, f"r{i}", list(range(100 * (i + 1), 100 * (i + 1) + n)))
+    assert _plans_of_prompts(engine, rt, 1) == [[0, 1, 2]]
+
+
+def test_a_long_prompt_passed_over_four_times_goes_first() -> None:
+    engine, rt = make_engine(n_slots=2, n_batch=64)
+    for n, seconds in ((1, 0.009), (8, 0.037), (64, 0.261)):
+        engine.scheduler.step_times.observe(n, seconds)
+    submit(engine, "long", list(range(100, 140)), max_tokens=8)
+    firsts = []
+    for i in range(5):  # a short prompt arrives before every step: without the limit, "long" would wait forever
+        submit(engine, f"s{i}", [500 + i, 600 + i], max_tokens=1)
+        engine.step()
+        firsts.append([seq for seq, tokens, pos, _ in rt.batches[-1] if pos == 0])
+    slot_of_long = next(s.id for s in engine.scheduler.pool.slots if s.seq is not None and s.seq.request_id == "long")
+    assert [slot_of_long in f for f in firsts] == [False, False, False, False, True]

@@ -107,7 +107,9 @@ class Engine:
         except RuntimeError as exc:
             self.scheduler.fail(plan, str(exc))
             return 0
-        self.stats.decode_s += self.clock() - started
+        decode_s = self.clock() - started
+        self.stats.decode_s += decode_s
+        self.scheduler.step_times.observe(plan.n_tokens, decode_s)
         self.stats.n_steps += 1
         self._count(plan.rows)
         if constrained:

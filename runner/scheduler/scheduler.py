@@ -18,6 +18,9 @@ from runner.scheduler.beam import BeamSearch
 from runner.scheduler.request import FinishReason
 from runner.scheduler.sequence import Sequence
 from runner.scheduler.slots import Placement, Slot, SlotPool, SlotState
+from runner.scheduler.step_times import StepTimes
+
+MAX_PASSED_OVER = 4  # a prompt passed over this many steps for shorter ones goes first
 
 
 class QueueFullError(RunnerError):
@@ -45,6 +48,7 @@ class Scheduler:
         self._kv = kv
         self.n_copied_prompt_tokens = 0  # reused prompt tokens that came from another slot's KV
         self.on_kv_copy: Callable[[int, int], None] | None = None  # e.g. a draft model's KV follows
+        self.step_times = StepTimes()  # the engine reports each step's time (_prefill_slots asks it)
 
     # -- intake -------------------------------------------------------------------------
     def check_prompt(self, n_prompt: int) -> None:
@@ -108,10 +112,7 @@ class Scheduler:
                 assert slot.next_token is not None
                 plan.rows.append(BatchRow(slot, [slot.next_token], slot.n_cached, 1))
                 budget -= 1
-        prefilling = sorted((s for s in self.pool.active() if s.state is SlotState.PREFILL), key=lambda s: s.last_used)
-        for slot in prefilling:
-            if budget <= 0:
-                break
+        for slot in self._prefill_slots(budget):
             assert slot.seq is not None
             n_chunk = min(slot.n_prompt_left, budget)
             chunk = list(slot.seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
@@ -121,6 +122,39 @@ class Scheduler:
             plan.rows.append(BatchRow(slot, chunk, slot.n_cached, n_scored + is_last, n_prompt_logits=n_scored))
             budget -= n_chunk
         return plan
+
+    def _prefill_slots(self, budget: int) -> list[Slot]:
+        """The prompts this step computes (a chunk each, while the budget lasts), for the least
+        time to first token summed over them. Shortest first (a prompt passed over MAX_PASSED_OVER
+        times goes first). Where a step's time is mostly per token (a small model on a CPU), one
+        prompt at a time: the first gets its token after its own tokens, not everyone's. Where it
+        is mostly a fixed cost (a GPU), prompts share a step: the next one joins when the time it
+        adds, paid by the m prompts already in, is less than the step it saves itself and the r
+        behind it: m * added < (1 + r) * fixed. Until step times are known, every prompt in
+        arrival order."""
+        prefilling = [s for s in self.pool.active() if s.state is SlotState.PREFILL]
+        line = self.step_times.line()
+        if line is None:
+            chosen = sorted(prefilling, key=lambda s: s.last_used)
+        else:
+            order = sorted(prefilling, key=lambda s: (s.n_passed_over < MAX_PASSED_OVER, s.n_prompt_left, s.last_used))
+            chosen = order[:1]
+            for i, slot in enumerate(order[1:], 1):
+                added_s = line.per_token_s * min(slot.n_prompt_left, max(0, budget - sum(
+                    s.n_prompt_left for s in chosen)))
+                if len(chosen) * added_s >= (len(order) - i) * line.fixed_s:
+                    break
+                chosen.append(slot)
+        taken, left = [], budget
+        for slot in chosen:
+            if left <= 0:
+                break
+            taken.append(slot)
+            left -= slot.n_prompt_left
+        for slot in prefilling:
+            if slot not in taken:
+                slot.n_passed_over += 1
+        return taken
 
     def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:
         """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and

@@ -50,6 +50,7 @@ class Slot:
     last_used: int = 0
     n_prompt: int = 0  # prompt tokens of the current (or last) request
     n_prompt_reused: int = 0  # of those, how many came from a KV cache instead of being computed
+    n_passed_over: int = 0  # steps this prompt waited while other prompts were prefilled
     # invariant: exactly the tokens in this sequence's KV, with hashes of its full blocks
     _cached_ids: list[int] = field(default_factory=list)
     _hashes: list[int] = field(default_factory=list)
@@ -149,7 +150,7 @@ class SlotPool:
     def occupy(self, slot: Slot, seq: Sequence, n_reused: int) -> None:
         self._clock += 1
         slot.seq, slot.state, slot.last_used, slot.next_token = seq, SlotState.PREFILL, self._clock, None
-        slot.n_prompt, slot.n_prompt_reused = len(seq.prompt_ids), n_reused
+        slot.n_prompt, slot.n_prompt_reused, slot.n_passed_over = len(seq.prompt_ids), n_reused, 0
 
     def release(self, slot: Slot) -> None:
         self._clock += 1

@@ -1,0 +1,173 @@
+"""runner's server against llama.cpp's own server, side by side: time to first token and throughput.
+
+Both serve the same GGUF with the same slots, context per slot, batch size and threads; the same
+streaming clients (bench/sse_clients.py) send the same chat requests (greedy, end-of-text ignored,
+every reply --max-tokens long). The two servers take turns, one at a time on the machine, pair
+after pair, and each pair's ratio is ours/theirs from the same minutes; the table gives medians.
+
+    bash bench/build_llama_server.sh          # once: llama-server from our pinned llama.cpp
+    python bench/vs_llama_server.py [--llama-server PATH] [--concurrency 1 8] [--repeats 3]
+
+TTFT is the time from sending a request to its first content chunk, over every request of a run;
+requests are sent one after another per client, so from the second on, a client's request
+arrives while the others' replies are decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import model_path, print_table  # noqa: E402
+from sse_clients import run_clients  # noqa: E402
+
+from runner.options import physical_cores  # noqa: E402
+
+PROMPTS = [
+    "Explain how a bicycle works.", "Write a short poem about autumn.", "What causes rain?",
+    "Describe the city of Paris.", "How do plants grow?", "Tell me about the history of tea.",
+    "Why do cats purr?", "What is a computer?", "Describe a sunrise over the sea.", "How does a car engine work?",
+    "What is the moon made of?", "Give advice for learning to cook.", "Describe a forest in winter.",
+    "What do bees do all day?", "How are mountains formed?", "Write a letter to a friend.",
+    "Why is the sky blue?", "How do birds navigate?", "Describe a busy market.", "What is a volcano?",
+    "Explain how a refrigerator keeps food cold.", "Tell me a story about a lighthouse keeper.",
+    "What makes a good friend?", "How is paper made?",
+]
+WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
+ALIAS = "bench"
+DEFAULT_LLAMA_SERVER = Path(__file__).parent.parent / ".cache/llama-server"
+
+
+@dataclass(frozen=True)
+class Shape:
+    slots: int
+    ctx_per_slot: int
+    batch: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens_per_s: float
+    mean_ttft_s: float
+    n_tokens: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ours_command(model: Path, shape: Shape, port: int) -> list[str]:
+    return [sys.executable, "-m", "runner", "serve", str(model), "--alias", ALIAS, "--port", str(port),
+            "--parallel", str(shape.slots), "--ctx-size", str(shape.ctx_per_slot), "--batch-size", str(shape.batch),
+            "--threads", str(shape.threads), "-q"]
+
+
+def theirs_command(binary: Path, model: Path, shape: Shape, port: int) -> list[str]:
+    # -c is the whole KV (split across -np slots); --no-kv-unified gives each slot its own stream, as runner does
+    return [str(binary), "-m", str(model), "--alias", ALIAS, "--port", str(port), "--host", "127.0.0.1",
+            "-np", str(shape.slots), "-c", str(shape.slots * shape.ctx_per_slot), "-b", str(shape.batch),
+            "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja"]
+
+
+def serve(command: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{command[0]} exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{command[0]} did not come up in 120 s")
+
+
+def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False) -> list[list[dict]]:
+    """Each client's requests; every prompt differs from every other in the run (while there are
+    enough PROMPTS), so what a server reuses is only the chat template's common head."""
+    def prompt(c: int, r: int) -> str:
+        return WARM_UP.format(c) if warm_up else PROMPTS[(c * rounds + r) % len(PROMPTS)]
+
+    return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}], "max_tokens": max_tokens,
+              "temperature": 0, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
+
+
+def measure(command: list[str], port: int, concurrency: int, rounds: int, max_tokens: int) -> Run:
+    proc = serve(command, port)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        run_clients(url, bodies(concurrency, 1, 8, warm_up=True))  # page the weights in, build the graphs
+        load = run_clients(url, bodies(concurrency, rounds, max_tokens))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if load.n_tokens != concurrency * rounds * max_tokens:
+        raise RuntimeError(f"{command[0]} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
+    return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--llama-server", type=Path, default=None,
+                    help="llama.cpp's server binary (default: the one bench/build_llama_server.sh built)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another")
+    ap.add_argument("--threads", type=int, default=physical_cores())
+    ap.add_argument("--ctx-per-slot", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3, help="ours/theirs pairs per concurrency (medians taken)")
+    args = ap.parse_args()
+    binary = args.llama_server or next(DEFAULT_LLAMA_SERVER.glob("llama_cpp_python-*/vendor/llama.cpp/build/bin/"
+                                                                  "llama-server"), None)
+    if binary is None or not binary.exists():
+        sys.exit("no llama-server: run `bash bench/build_llama_server.sh` or pass --llama-server PATH")
+    model = model_path(args.model)
+    rows = []
+    for c in args.concurrency:
+        shape = Shape(c, args.ctx_per_slot, args.batch, args.threads)
+        pairs = []
+        for r in range(args.repeats):
+            runs = {}
+            for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
+                port = free_port()
+                command = ours_command(model, shape, port) if who == "ours" else theirs_command(binary, model, shape,
+                                                                                                 port)
+                runs[who] = measure(command, port, c, args.rounds, args.max_tokens)
+                print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
+                      f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
+            pairs.append(runs)
+        med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
+        rows.append([c, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
+                     statistics.median(p["ours"].tokens_per_s / p["theirs"].tokens_per_s for p in pairs),
+                     med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
+                     statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
+    print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
+          f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)\n")
+    print_table(["clients", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
+                 "llama-server mean TTFT ms", "TTFT ours/theirs"], rows)
+
+
+if __name__ == "__main__":
+    main()
