@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 from runner.catalog.catalog import ModelRef
 from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
-from runner.chat_template import ChatTemplate, Message
+from runner.chat_template import ChatTemplate, Message, TemplateError, TemplateLimitError
 from runner.tools import Tool
 from runner.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.options import EngineOptions
@@ -150,6 +151,13 @@ class LoadedModel:
     def compile_constraint(self, spec: GrammarSpec) -> Constraint:
         """A fresh grammar state for one request (ConstraintError if the schema or grammar cannot compile)."""
         return compile_constraint(spec, self.model.guidance_tokenizer, self.model.n_vocab)
+
+    def warm_up(self) -> None:
+        """What a first request would otherwise wait for: the vocabulary scan behind check_text_fits,
+        the template's first render (and the server's worker thread that runs this)."""
+        self.check_text_fits(0)
+        with contextlib.suppress(TemplateError, TemplateLimitError):  # (such a template answers requests the same)
+            self.chat_prompt_ids([Message("user", "warm-up")])
 
     def check_text_fits(self, n_chars: int) -> None:
         """Refuse, before tokenizing, text that cannot fit a slot: every token stands for at most

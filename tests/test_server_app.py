@@ -129,3 +129,10 @@ def test_a_think_block_becomes_reasoning_content(app_state: ServerState, reasoni
     else:
         assert whole["content"] == "answer" and whole["reasoning_content"] in ("plan a", "plan b", "plan c")
         assert (streamed_reasoning, streamed_content) == (whole["reasoning_content"], "answer")
+
+
+def test_the_server_does_the_first_requests_one_off_work_before_it_answers(app_state: ServerState) -> None:
+    model = app_state.loaded.model
+    assert "max_token_bytes" not in vars(model)  # (scanned lazily: the whole vocabulary)
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1"):
+        assert "max_token_bytes" in vars(model)

@@ -47,6 +47,8 @@ class ModelRunner:
         self._trace_ops: list[list] = []
         self._trace_flushed_s = 0.0
         self.pads_batches = may_pad and not in_scratch_thread(lambda: batch_invariant(self.context, self._batch))
+        if not may_pad:  # (the probe above has done it)
+            in_scratch_thread(lambda: warm_up(self.context, self._batch))
         self.n_padding_tokens = 0  # junk tokens decoded to keep batches invariant
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
@@ -145,6 +147,16 @@ class ModelRunner:
             self._flush_trace()
             self._trace.close()
         self.context.close()  # the model is owned (and freed) by whoever loaded it
+
+
+def warm_up(context: Context, batch: Batch) -> None:
+    """One decode before any request: the weights are read in from disk (mmap) and llama.cpp's
+    buffers set up now, not in the first request's time to first token (~0.1 s for a 135M
+    model here, seconds for large ones)."""
+    batch.clear()
+    batch.add(0, [max(context.model.bos_id, 0)] * 2, 0, 1)
+    context.decode(batch)
+    context.kv_remove(0, 0, -1)
 
 
 def batch_invariant(context: Context, batch: Batch) -> bool:

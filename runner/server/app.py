@@ -528,6 +528,8 @@ def create_app(state: ServerState) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # the first request would otherwise wait for these (0.2 s here, more for large vocabularies)
+        await run_in_threadpool(loaded.warm_up)
         yield
         # NOTE: here, not after uvicorn returns: on SIGTERM uvicorn re-raises the signal once it has shut down
         state.close()
