@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmark scripts: model paths and a ratio table."""
+"""Helpers shared by the benchmark scripts: chat prompts, model paths and a ratio table."""
 
 from __future__ import annotations
 
@@ -7,6 +7,18 @@ from pathlib import Path
 
 from runner.catalog.pull import pull
 from runner.catalog.store import ModelStore
+
+# Short open questions for chat load; no two alike.
+CHAT_PROMPTS = [
+    "Explain how a bicycle works.", "Write a short poem about autumn.", "What causes rain?",
+    "Describe the city of Paris.", "How do plants grow?", "Tell me about the history of tea.",
+    "Why do cats purr?", "What is a computer?", "Describe a sunrise over the sea.", "How does a car engine work?",
+    "What is the moon made of?", "Give advice for learning to cook.", "Describe a forest in winter.",
+    "What do bees do all day?", "How are mountains formed?", "Write a letter to a friend.",
+    "Why is the sky blue?", "How do birds navigate?", "Describe a busy market.", "What is a volcano?",
+    "Explain how a refrigerator keeps food cold.", "Tell me a story about a lighthouse keeper.",
+    "What makes a good friend?", "How is paper made?",
+]
 
 
 def model_path(name: str) -> Path:

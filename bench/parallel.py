@@ -30,18 +30,12 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import model_path, print_table  # noqa: E402
+from common import CHAT_PROMPTS, model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
 
 from runner.runtime.llama import Batch, Context, ContextShape, Model  # noqa: E402
 
-PROMPTS = [
-    "Explain how a bicycle works.", "Write a short poem about autumn.", "What causes rain?",
-    "Describe the city of Paris.", "How do plants grow?", "Tell me about the history of tea.",
-    "Why do cats purr?", "What is a computer?", "Describe a sunrise over the sea.", "How does a car engine work?",
-    "What is the moon made of?", "Give advice for learning to cook.", "Describe a forest in winter.",
-    "What do bees do all day?", "How are mountains formed?", "Write a letter to a friend.",
-]
+PROMPTS = CHAT_PROMPTS[:16]
 CTX_PER_SLOT = 1024
 N_BATCH = 512
 

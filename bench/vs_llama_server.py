@@ -27,21 +27,12 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import CHAT_PROMPTS as PROMPTS  # noqa: E402
 from common import model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
 
 from runner.options import physical_cores  # noqa: E402
 
-PROMPTS = [
-    "Explain how a bicycle works.", "Write a short poem about autumn.", "What causes rain?",
-    "Describe the city of Paris.", "How do plants grow?", "Tell me about the history of tea.",
-    "Why do cats purr?", "What is a computer?", "Describe a sunrise over the sea.", "How does a car engine work?",
-    "What is the moon made of?", "Give advice for learning to cook.", "Describe a forest in winter.",
-    "What do bees do all day?", "How are mountains formed?", "Write a letter to a friend.",
-    "Why is the sky blue?", "How do birds navigate?", "Describe a busy market.", "What is a volcano?",
-    "Explain how a refrigerator keeps food cold.", "Tell me a story about a lighthouse keeper.",
-    "What makes a good friend?", "How is paper made?",
-]
 WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
 ALIAS = "bench"
 DEFAULT_LLAMA_SERVER = Path(__file__).parent.parent / ".cache/llama-server"
