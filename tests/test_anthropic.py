@@ -41,6 +41,8 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
     ({"max_tokens": 5, "messages": ASK, "tools": [{"description": "no name"}]}, "tools.0.name"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"max_tokens": 5, "messages": ASK, "tools": ["get_weather"]}, "tools.0.name"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as caught:

@@ -64,6 +64,7 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"input": "hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
+    ({"input": "hi", "tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice"),
     ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
 ])

@@ -90,6 +90,7 @@ def test_a_follow_up_turn_with_the_tools_result(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(("body", "param"), [
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {}}}, "tool_choice"),  # (not "auto")
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wizard"}}}],
       "tool_choice": "required"}, "tools"),

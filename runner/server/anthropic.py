@@ -83,10 +83,11 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         return ()
     if not isinstance(value, list):
         raise invalid("tools must be a list", "tools")
-    tools = [protocol.function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"),
-                                    f"tools.{i}", "input_schema")
-             if isinstance(tool, dict) else protocol.function_tool(None, None, None, f"tools.{i}")
-             for i, tool in enumerate(value)]
+    tools = []
+    for i, tool in enumerate(value):
+        fields = tool if isinstance(tool, dict) else {}
+        tools.append(protocol.function_tool(fields.get("name"), fields.get("description"), fields.get("input_schema"),
+                                            f"tools.{i}", "input_schema"))
     return protocol.distinct_tools(tools)
 
 
@@ -94,8 +95,8 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
     if value is None:
         return protocol.checked_tool_choice(None, value, tools)
     kind = value.get("type") if isinstance(value, dict) else None
-    choice = (value.get("name") or "") if kind == "tool" else {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
-    if choice is None:
+    choice = value.get("name") if kind == "tool" else {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
+    if choice is None and kind != "tool":
         raise invalid("tool_choice.type must be auto, any, tool or none", "tool_choice")
     return protocol.checked_tool_choice(choice, value, tools)
 

@@ -390,9 +390,9 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
 
 
 def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...]) -> str:
-    """A dialect's tool choice read as auto, none, required or a tool's name (None: the default), checked
-    against the tools; `value` is what the request sent, quoted in errors."""
-    if choice is None:
+    """A dialect's tool choice read as auto, none, required or a tool's name, checked against the
+    tools; `value` is what the request sent (None: nothing, the default), quoted in errors."""
+    if value is None:
         return "auto" if tools else "none"
     if choice not in ("auto", "none", "required") and choice not in {t.name for t in tools}:
         raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
