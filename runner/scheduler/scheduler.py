@@ -133,27 +133,25 @@ class Scheduler:
         behind it: m * added < (1 + r) * fixed. Until step times are known, every prompt in
         arrival order."""
         prefilling = [s for s in self.pool.active() if s.state is SlotState.PREFILL]
+        if not prefilling:
+            return []
         line = self.step_times.line()
         if line is None:
-            chosen = sorted(prefilling, key=lambda s: s.last_used)
+            order = sorted(prefilling, key=lambda s: s.last_used)
         else:
             order = sorted(prefilling, key=lambda s: (s.n_passed_over < MAX_PASSED_OVER, s.n_prompt_left, s.last_used))
-            chosen = order[:1]
-            for i, slot in enumerate(order[1:], 1):
-                added_s = line.per_token_s * min(slot.n_prompt_left, max(0, budget - sum(
-                    s.n_prompt_left for s in chosen)))
-                if len(chosen) * added_s >= (len(order) - i) * line.fixed_s:
-                    break
-                chosen.append(slot)
         taken, left = [], budget
-        for slot in chosen:
+        for i, slot in enumerate(order):
             if left <= 0:
                 break
+            if taken and line is not None:
+                added_s = line.per_token_s * min(slot.n_prompt_left, left)
+                if len(taken) * added_s >= (len(order) - i) * line.fixed_s:
+                    break
             taken.append(slot)
             left -= slot.n_prompt_left
-        for slot in prefilling:
-            if slot not in taken:
-                slot.n_passed_over += 1
+        for slot in order[len(taken):]:
+            slot.n_passed_over += 1
         return taken
 
     def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:

@@ -3,7 +3,7 @@
 The scheduler asks it one question: is a step's time mostly a fixed cost (a GPU, or a large model
 read from memory once per step: more tokens are nearly free) or mostly per token (a small model
 on a CPU: every token costs its share of compute)? That decides whether prompts waiting for their
-first token are prefilled together or one after another (Scheduler._prefill_rows).
+first token are prefilled together or one after another (Scheduler._prefill_slots).
 """
 
 from __future__ import annotations
