@@ -176,3 +176,90 @@ def test_auto_counts_the_step_time_its_costs_leave_out() -> None:
     assert share > 0.5  # most tokens came as accepted drafts
     share, unpriced = drafted_share(0.0)
     assert unpriced < 1e-9 and share < 0.1  # at most the exploration probes
+
+
+class KindDrafter:
+    """A free drafter that proposes the fake model's next tokens (it counts up) as kind 4 with the
+    given prior, or, when alternating, those on even calls and wrong tokens on odd ones, as kind 2
+    with the same prior."""
+
+    name, is_free = "kinds", True
+
+    def __init__(self, prior: float | None, alternate: bool = False) -> None:
+        self.prior, self.alternate, self.n_calls = prior, alternate, 0
+
+    def propose(self, jobs) -> None:
+        self.n_calls += 1
+        for job in jobs:
+            right = not self.alternate or self.n_calls % 2 == 0
+            job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB if right else 49 for i in range(job.k)]
+            job.draft_dists = [None] * job.k
+            job.kind, job.prior = (4 if right else 2), self.prior
+
+    def catch_up_len(self, slot_id, context_ids) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+# one draft pays only where it is accepted more than ~3 times in 4: 1 + p tokens for 1.75 steps' time
+STEEP = CostTable((1, 2, 5, 64), (0.010, 0.0175, 0.040, 0.640))
+
+
+def first_drafting_step(prior: float | None) -> int | None:
+    spec = Speculator(KindDrafter(prior), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts({1: STEEP})))
+    engine, _ = fake_engine(1, 1024, 64, speculator=spec, runtime=FakeRuntime())
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 8, ignore_eos=True),
+                  lambda e: None)
+    step = 0
+    while engine.has_work:
+        engine.step()
+        if spec.slots[0].k and spec.slots[0].kind == 4:
+            return step
+        step += 1
+    return None
+
+
+def test_the_drafters_prior_for_a_kind_decides_the_first_drafts() -> None:
+    """Before any draft of a request was verified, a proposal the drafter rates at 0.9 (an n-gram
+    matched on 4 tokens) is worth drafting on a costly target, and one at the default 0.6 is not:
+    with that default, auto once never started on grounded work at one client."""
+    assert first_drafting_step(0.9) == 1  # the first decode step (step 0 is the prompt's)
+    assert first_drafting_step(None) is None
+
+
+def test_auto_learns_acceptance_per_kind_of_proposal() -> None:
+    """Both kinds start at the drafter's 0.9; right proposals (kind 4) keep being drafted while
+    wrong ones (kind 2) are priced out once measured: one shared record would have averaged them
+    to ~0.5 and drafted neither."""
+    spec = Speculator(KindDrafter(0.9, alternate=True), SpecMode.AUTO, 4, 1, StepCosts(ShapeCosts({1: STEEP})))
+    engine, _ = fake_engine(1, 1024, 64, speculator=spec, runtime=FakeRuntime())
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 200, ignore_eos=True),
+                  lambda e: None)
+    while engine.has_work:
+        engine.step()
+    right, wrong = spec.records[4], spec.records[2]
+    assert right.overall == 1.0 and sum(right.proposed) >= 40
+    assert wrong.overall == 0.0 and 1 <= sum(wrong.proposed) <= 8  # tried, then no more than probes
+    assert spec.n_proposed == sum(right.proposed) + sum(wrong.proposed)
+
+
+def test_ngram_proposals_say_how_many_tokens_matched() -> None:
+    """The continuation of the longest matching suffix, labelled with its length and that length's
+    prior; a lone matching token proposes nothing."""
+    from runner.sampling import SamplingParams as Params
+    from runner.speculation.drafter import DraftJob
+    from runner.speculation.ngram_drafter import PRIOR_BY_MATCH
+
+    def propose(context: list[int]) -> DraftJob:
+        job = DraftJob(0, context, 3, Params(temperature=0))
+        NgramDrafter().propose([job])
+        return job
+
+    long = propose([5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 8])  # 5 6 7 8 was followed by 9 1 2
+    assert (long.draft_ids, long.kind, long.prior) == ([9, 1, 2], 4, PRIOR_BY_MATCH[4])
+    short = propose([3, 7, 8, 4, 5, 1, 7, 8])  # only "7 8" matches: 4 5 1 came after it
+    assert (short.draft_ids, short.kind, short.prior) == ([4, 5, 1], 2, PRIOR_BY_MATCH[2])
+    lone = propose([3, 7, 4, 5, 1, 7])  # one token: no proposal
+    assert (lone.draft_ids, lone.kind) == ([], None)

@@ -101,12 +101,12 @@ class EngineThread:
         for slot in self.engine.scheduler.pool.slots:
             seq = slot.seq  # read once: the engine thread may release it meanwhile
             spec = speculator.slots[slot.id] if speculator else None
-            proposed = sum(spec.acceptance.proposed) if spec else 0
+            proposed = spec.n_proposed if spec else 0
             views.append(
                 SlotView(slot.id, slot.state.value, seq.request_id if seq else None, slot.n_cached,
                          len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused,
                          spec.k if spec else 0,
-                         round(sum(spec.acceptance.accepted) / proposed, 4) if spec and proposed else None)
+                         round(spec.n_accepted / proposed, 4) if spec and proposed else None)
             )
         return views
 

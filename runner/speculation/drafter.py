@@ -1,7 +1,8 @@
 """The drafter interface and registry: something that proposes the next tokens of a slot.
 
 A drafter gets one DraftJob per speculating slot and fills in up to `k` proposed tokens,
-with the distribution each was drawn from where it has one (None: a point mass).
+with the distribution each was drawn from where it has one (None: a point mass), and where it
+can, the kind of proposal and its prior acceptance.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ class DraftJob:
     request_id: str = ""
     draft_ids: list[int] = field(default_factory=list)
     draft_dists: list[Distribution | None] = field(default_factory=list)
+    # what kind of proposal this is, where the drafter can tell kinds apart that are accepted at
+    # different rates (n-gram: how many context tokens matched); acceptance is learned per kind
+    kind: int | None = None
+    prior: float | None = None  # the drafter's estimate of acceptance for this kind, before any is measured
 
 
 class Drafter(Protocol):

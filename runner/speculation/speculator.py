@@ -28,6 +28,7 @@ from runner.speculation.drafter import Drafter, DraftJob
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
+PRIOR_FROM_SERVER_AFTER = 8  # proposals of a kind, across requests, after which their record is the prior
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
 
 
@@ -65,11 +66,23 @@ class Acceptance:
         return sum(self.accepted) / total if total else 0.0
 
 
+Kind = int | None  # DraftJob.kind: a kind of proposal with its own acceptance (None: the drafter's only kind)
+
+
 @dataclass
 class SlotSpec:
     request_id: str | None = None
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    records: dict[Kind, Acceptance] = field(default_factory=dict)  # the request's acceptance, per kind
     k: int = 0  # drafts chosen for the current step
+    kind: Kind = None  # ... and their kind
+
+    @property
+    def n_proposed(self) -> int:
+        return sum(sum(r.proposed) for r in self.records.values())
+
+    @property
+    def n_accepted(self) -> int:
+        return sum(sum(r.accepted) for r in self.records.values())
 
 
 class Speculator:
@@ -80,7 +93,7 @@ class Speculator:
         self.k_max = k_max
         self.costs = costs
         self.prior_accept = prior_accept  # until the drafter has a record of its own on this server
-        self.overall = Acceptance()  # the drafter's record across requests: the prior for new ones
+        self.records: dict[Kind, Acceptance] = {}  # the drafter's record across requests, per kind: new ones' prior
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
         self.probe_budget = ProbeBudget()
@@ -94,11 +107,11 @@ class Speculator:
 
     @property
     def n_proposed(self) -> int:
-        return sum(self.overall.proposed)
+        return sum(sum(r.proposed) for r in self.records.values())
 
     @property
     def n_accepted(self) -> int:
-        return sum(self.overall.accepted)
+        return sum(sum(r.accepted) for r in self.records.values())
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
@@ -126,7 +139,9 @@ class Speculator:
             jobs = self._jobs(rows, caps)
             self.drafter.propose(jobs)
             found = {j.slot_id: len(j.draft_ids) for j in jobs}
-            ks = self._choose(plan, rows, found, room)
+            for job in jobs:
+                self.slots[job.slot_id].kind = job.kind
+            ks = self._choose(plan, rows, found, room, {j.slot_id: j.prior for j in jobs})
             for row, job in zip(rows, jobs):
                 k = ks[row.slot.id]
                 row.add_drafts(job.draft_ids[:k], job.draft_dists[:k])
@@ -149,8 +164,8 @@ class Speculator:
         for row in plan.rows:
             spec = self.slots[row.slot.id]
             if row.draft_ids and not row.is_forced:
-                spec.acceptance.record(len(row.draft_ids), row.n_accepted)
-                self.overall.record(len(row.draft_ids), row.n_accepted)
+                spec.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
+                self.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
                 self.n_runs += 1
 
     @staticmethod
@@ -189,14 +204,15 @@ class Speculator:
             jobs.append(DraftJob(row.slot.id, context, ks[row.slot.id], seq.request.sampling, seq.request_id))
         return jobs
 
-    def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int) -> Ks:
+    def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int,
+                priors: dict[int, float | None] | None = None) -> Ks:
         if self.mode is SpecMode.ON or self.costs is None:
             ks, left = {}, room
             for r in rows:
                 ks[r.slot.id] = min(caps[r.slot.id], left)
                 left -= ks[r.slot.id]
             return ks
-        decision = self._decide_auto(plan, rows, caps, room)
+        decision = self._decide_auto(plan, rows, caps, room, priors or {})
         self._apply(decision, plan)
         return decision.ks
 
@@ -210,25 +226,35 @@ class Speculator:
         if decision.is_lost:
             self.backoff.start(self._rows_key(plan))
 
-    def _gains(self, rows: list[BatchRow], caps: Ks) -> dict[int, list[float]]:
+    def _prior(self, kind: Kind, drafters_prior: float | None) -> float:
+        """A kind's acceptance before the request has its own record: the server's record of that
+        kind once it has one, else the drafter's estimate, else the speculator's prior."""
+        record = self.records.get(kind)
+        if record is not None and sum(record.proposed) >= PRIOR_FROM_SERVER_AFTER:
+            return record.overall
+        return drafters_prior if drafters_prior is not None else self.prior_accept
+
+    def _gains(self, rows: list[BatchRow], caps: Ks, priors: dict[int, float | None]) -> dict[int, list[float]]:
         """Per slot, the marginal expected tokens of each further draft position (a decreasing product)."""
-        prior = self.overall.overall if self.n_proposed >= 8 else self.prior_accept
         gains: dict[int, list[float]] = {}
         for r in rows:
-            acc, p, g = self.slots[r.slot.id].acceptance, 1.0, []
+            spec = self.slots[r.slot.id]
+            prior = self._prior(spec.kind, priors.get(r.slot.id))
+            acc, p, g = spec.records.get(spec.kind) or Acceptance(), 1.0, []
             for pos in range(1, caps[r.slot.id] + 1):
                 p *= acc.rate(pos, prior)
                 g.append(p)
             gains[r.slot.id] = g
         return gains
 
-    def _decide_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int) -> AutoDecision:
+    def _decide_auto(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int,
+                     priors: dict[int, float | None]) -> AutoDecision:
         """The ks with the most expected tokens per second of step time (best_uniform_k), a probe
         when none pays and the budget allows, or none where a draft model's backlog would not pay
         back. Reads the speculator's state; writes none of it (_apply does)."""
         costs = self.costs
         assert costs is not None
-        gains = self._gains(rows, caps)
+        gains = self._gains(rows, caps, priors)
         order = list(gains)
         drafting = {id(r) for r in rows}
         other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
