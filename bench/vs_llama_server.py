@@ -59,10 +59,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ours_command(model: Path, shape: Shape, port: int) -> list[str]:
+def ours_command(model: Path, shape: Shape, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "runner", "serve", str(model), "--alias", ALIAS, "--port", str(port),
             "--parallel", str(shape.slots), "--ctx-size", str(shape.ctx_per_slot), "--batch-size", str(shape.batch),
-            "--threads", str(shape.threads), "-q"]
+            "--threads", str(shape.threads), "-q", *extra]
 
 
 def theirs_command(binary: Path, model: Path, shape: Shape, port: int) -> list[str]:
@@ -89,22 +89,24 @@ def serve(command: list[str], port: int) -> subprocess.Popen:
     raise RuntimeError(f"{command[0]} did not come up in 120 s")
 
 
-def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False) -> list[list[dict]]:
+def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False,
+           prompts: list[str] = PROMPTS) -> list[list[dict]]:
     """Each client's requests; every prompt differs from every other in the run (while there are
-    enough PROMPTS), so what a server reuses is only the chat template's common head."""
+    enough prompts), so what a server reuses is only the chat template's common head."""
     def prompt(c: int, r: int) -> str:
-        return WARM_UP.format(c) if warm_up else PROMPTS[(c * rounds + r) % len(PROMPTS)]
+        return WARM_UP.format(c) if warm_up else prompts[(c * rounds + r) % len(prompts)]
 
     return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}], "max_tokens": max_tokens,
               "temperature": 0, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
 
 
-def measure(command: list[str], port: int, concurrency: int, rounds: int, max_tokens: int) -> Run:
+def measure(command: list[str], port: int, concurrency: int, rounds: int, max_tokens: int,
+            prompts: list[str] = PROMPTS) -> Run:
     proc = serve(command, port)
     try:
         url = f"http://127.0.0.1:{port}"
         run_clients(url, bodies(concurrency, 1, 8, warm_up=True))  # page the weights in, build the graphs
-        load = run_clients(url, bodies(concurrency, rounds, max_tokens))
+        load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts))
     finally:
         proc.terminate()
         try:
