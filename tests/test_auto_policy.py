@@ -56,12 +56,30 @@ def test_the_probe_budget_earns_a_share_and_saves_up_one_probe_at_most() -> None
     assert budget.last_plain_s == 0.010
 
 
-def test_unpriced_time_starts_at_the_first_step_then_follows_a_running_mean() -> None:
+def test_unpriced_time_is_a_plain_mean_of_a_shapes_first_steps_then_a_running_one() -> None:
     unpriced = UnpricedTime()
-    unpriced.observe(step_s=0.015, priced_s=0.010)
-    assert unpriced.mean_s == pytest.approx(0.005)
-    unpriced.observe(step_s=0.009, priced_s=0.010)  # faster than priced counts as zero
-    assert unpriced.mean_s == pytest.approx(0.0045)
+    unpriced.observe((4, 0), step_s=0.015, priced_s=0.010)
+    assert unpriced.mean_s((4, 0)) == pytest.approx(0.005)
+    unpriced.observe((4, 0), step_s=0.009, priced_s=0.010)  # faster than priced counts as zero
+    assert unpriced.mean_s((4, 0)) == pytest.approx(0.0025)
+    for _ in range(80):
+        unpriced.observe((4, 0), step_s=0.011, priced_s=0.010)
+    unpriced.observe((4, 0), step_s=0.021, priced_s=0.010)  # one slow step moves it by a tenth
+    assert unpriced.mean_s((4, 0)) == pytest.approx(0.001 + 0.1 * 0.010, rel=0.01)
+
+
+def test_unpriced_time_is_kept_by_shape_and_a_new_shape_takes_the_nearest_with_no_more_drafts() -> None:
+    unpriced = UnpricedTime()
+    unpriced.observe((8, 4), step_s=0.430, priced_s=0.290)
+    assert unpriced.mean_s((8, 0)) == 0.0  # never the mean of a shape with more drafts: plain steps get tried
+    unpriced.observe((8, 0), step_s=0.110, priced_s=0.105)
+    unpriced.observe((1, 1), step_s=0.040, priced_s=0.038)
+    assert unpriced.mean_s((8, 0)) == pytest.approx(0.005)
+    assert unpriced.mean_s((8, 4)) == pytest.approx(0.140)
+    assert unpriced.mean_s((8, 3)) == pytest.approx(0.005)  # same rows, the most drafts not above 3
+    assert unpriced.mean_s((6, 4)) == pytest.approx(0.140)  # the nearest rows first
+    assert unpriced.mean_s((2, 4)) == pytest.approx(0.002)
+    assert unpriced.mean_s((1, 0)) == pytest.approx(0.005)  # (1, 1) has more drafts: the 8 rows' plain steps
 
 
 def test_backoff_rests_the_same_rows_and_ends_for_others() -> None:

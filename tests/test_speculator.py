@@ -12,6 +12,7 @@ from runner.scheduler.request import GenerationRequest
 from runner.speculation.auto_policy import DECIDE_EVERY, EXPLORE_SHARE
 from runner.speculation.cost_model import CostTable, ShapeCosts, StepCosts
 from runner.speculation.ngram_drafter import NgramDrafter
+from runner.scheduler.slots import SlotState
 from runner.speculation.speculator import SpecMode, Speculator
 
 
@@ -169,13 +170,89 @@ def test_auto_counts_the_step_time_its_costs_leave_out() -> None:
                                         SamplingParams(temperature=0), 40, ignore_eos=True), lambda e: None)
         while engine.has_work:
             engine.step()
-        return spec.n_accepted / 40, spec.unpriced_s
+        return spec.n_accepted / 40, spec.unpriced
 
     share, unpriced = drafted_share(0.004)
-    assert unpriced == pytest.approx(0.004, rel=0.05)  # learned (priced a little over 1 ms a token)
+    # learned for plain steps and for drafting ones alike (priced a little over 1 ms a token)
+    assert unpriced.mean_s((1, 0)) == pytest.approx(0.004, rel=0.05)
+    assert unpriced.mean_s((1, 4)) == pytest.approx(0.004, rel=0.05)
     assert share > 0.5  # most tokens came as accepted drafts
     share, unpriced = drafted_share(0.0)
-    assert unpriced < 1e-9 and share < 0.1  # at most the exploration probes
+    assert unpriced.mean_s((1, 0)) < 1e-9 and share < 0.1  # at most the exploration probes
+
+
+def test_auto_learns_each_step_shapes_time_apart() -> None:
+    """Calibration can under-price some shapes more than others (a longer KV, a slower machine):
+    here steps with drafts take 12 ms a token where calibration says 5 tokens cost about one.
+    Auto learns that from its drafting steps and leaves drafting (one mean for every shape grew
+    with each drafting step and kept drafting looking cheap: 'paid once for several tokens')."""
+    class DearDraftsRuntime(FakeRuntime):  # a plain step takes its priced 10 ms, a step with drafts 12 ms a token
+        def __init__(self) -> None:
+            super().__init__()
+            self.now_s = 0.0
+
+        def clock(self) -> float:
+            return self.now_s
+
+        def decode(self, rows):
+            n_tokens = sum(len(r.token_ids) for r in rows)
+            self.now_s += 0.010 if n_tokens == len(rows) else 0.012 * n_tokens
+            return super().decode(rows)
+
+    rt = DearDraftsRuntime()
+    costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}))
+    spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, costs)
+    engine, _ = fake_engine(1, 512, 64, speculator=spec, runtime=rt, clock=rt.clock)
+    # the fake model counts up: the prompt holds every continuation, so n-gram drafts all land
+    engine.submit(GenerationRequest("a", tuple(list(range(1, 150)) + list(range(1, 5))),
+                                    SamplingParams(temperature=0), 120, ignore_eos=True), lambda e: None)
+    while engine.has_work:
+        engine.step()
+    assert spec.n_accepted < 15  # a few drafting steps and probes out of 120 tokens
+    assert spec.unpriced.mean_s((1, 4)) == pytest.approx(0.060 - 0.0105, rel=0.05)
+
+
+def test_a_draft_model_starts_only_in_a_step_without_prompt_chunks() -> None:
+    """A draft model's first read of a slot's backlog waits for a step that only decodes: beside a
+    prompt chunk, its cost hid in the step's (and drafts looked nearly free there)."""
+    class RightDrafter:
+        name, is_free = "right", False
+
+        def __init__(self) -> None:
+            self.n_read: dict[int, int] = {}
+            self.n_jobs = 0
+
+        def propose(self, jobs) -> None:
+            self.n_jobs += len(jobs)
+            for job in jobs:
+                self.n_read[job.slot_id] = len(job.context_ids)
+                job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
+                job.draft_dists = [None] * job.k
+
+        def catch_up_len(self, slot_id, context_ids) -> int:
+            return len(context_ids) - self.n_read.get(slot_id, 0)
+
+        def close(self) -> None:
+            pass
+
+    drafter = RightDrafter()
+    costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}),
+                      ShapeCosts({1: CostTable((1, 64), (0.0001, 0.0064))}))  # drafting all but free: it pays
+    spec = Speculator(drafter, SpecMode.AUTO, 4, 2, costs)
+    engine, _ = fake_engine(2, 512, 64, speculator=spec)
+    short = tuple(range(1, 11))
+    long = tuple(1 + i % (N_VOCAB - 1) for i in range(250))  # four steps of prompt chunks
+    for request_id, prompt in (("short", short), ("long", long)):
+        engine.submit(GenerationRequest(request_id, prompt, SamplingParams(temperature=0), 60, ignore_eos=True),
+                      lambda e: None)
+    jobs_by_step = []  # (a prompt was in the step, draft jobs)
+    while engine.has_work:
+        prefilling = any(s.state is SlotState.PREFILL for s in engine.scheduler.pool.slots)
+        before = drafter.n_jobs
+        engine.step()
+        jobs_by_step.append((prefilling, drafter.n_jobs - before))
+    assert [jobs for prefilling, jobs in jobs_by_step if prefilling] == [0] * 4
+    assert sum(jobs for _, jobs in jobs_by_step) >= 20  # then both slots drafted
 
 
 class KindDrafter:

@@ -8,12 +8,12 @@ starts a rest.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 EXPLORE_SHARE = 0.01  # free drafters: at most this share of step time goes to probing when nothing drafts
 PROBE_MAX_EXTRA = 0.5  # ... and only with probes adding at most this share to their step (no extra graph runs)
 DECIDE_EVERY = 4  # after drafts were priced and lost, the same rows decide again this many steps later
-UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in the running mean of time the step costs leave out
+UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in a shape's running mean of time the step costs leave out
 
 Ks = dict[int, int]  # slot id -> drafts for this step
 
@@ -69,22 +69,41 @@ class ProbeBudget:
         self.credit_s -= extra_s
 
 
+Shape = tuple[int, int]  # a decode step's rows, and the most drafts any of them carries
+
+
 @dataclass
 class UnpricedTime:
-    """Running mean of how much longer than priced a decode-only step took: the engine's own
-    Python (sampling, streaming, drafting bookkeeping) and a KV longer than calibration's. Paid
-    once per step, so drafts that make fewer, longer steps save it."""
+    """Running means, by step shape, of how much longer than priced a steady decode step took:
+    the engine's own Python (sampling, streaming, drafting bookkeeping), a KV longer than
+    calibration's, and the machine's speed drifting since calibration. By shape because the
+    shortfall grows with the step's tokens (a deep F16 target at 8 rows: 1 token each took 1.09x
+    its calibrated time, 5 each 1.47x, and one mean for both made every draft look cheap). A
+    shape not seen yet takes the mean of the nearest seen one with no more drafts (nearest rows
+    first), else none: a dearer shape's mean would make its cheaper neighbours look as dear, and
+    they would never be tried."""
 
-    mean_s: float = 0.0
-    n_steps: int = 0
+    means: dict[Shape, float] = field(default_factory=dict)
+    counts: dict[Shape, int] = field(default_factory=dict)
 
-    def observe(self, step_s: float, priced_s: float) -> None:
+    def mean_s(self, shape: Shape) -> float:
+        if shape in self.means:
+            return self.means[shape]
+        rows, k = shape
+        seen = [s for s in self.means if s[1] <= k]
+        if not seen:
+            return 0.0
+        return self.means[min(seen, key=lambda s: (abs(s[0] - rows), k - s[1]))]
+
+    def observe(self, shape: Shape, step_s: float, priced_s: float) -> None:
         # NOTE: never below zero: calibration keeps each shape's fastest time, and a faster step
         # (a fake runtime in tests) would otherwise make every step look free
         unpriced = max(0.0, step_s - priced_s)
-        weight = UNPRICED_WEIGHT if self.n_steps else 1.0  # the first step sets it
-        self.mean_s += weight * (unpriced - self.mean_s)
-        self.n_steps += 1
+        n = self.counts.get(shape, 0)
+        weight = max(UNPRICED_WEIGHT, 1.0 / (n + 1))  # a plain mean of the first steps, then a running one
+        mean = self.means.get(shape, 0.0)
+        self.means[shape] = mean + weight * (unpriced - mean)
+        self.counts[shape] = n + 1
 
 
 @dataclass
@@ -119,5 +138,6 @@ class AutoDecision:
     plain_s: float | None = None  # nothing paid and the drafter is free: the plain step the budget earns from
     probe_extra_s: float = 0.0  # what a probe would add to that step
     is_probe: bool = False  # the ks are a probe, paid from the budget
-    priced_s: float | None = None  # a decode-only step's priced time (UnpricedTime compares after the step)
+    priced_s: float | None = None  # a steady decode-only step's priced time (UnpricedTime compares after the step)
     is_lost: bool = False  # drafts were on offer and priced out (and no probe): rest
+    shape: Shape = (0, 0)  # the step's rows and most drafts (UnpricedTime's key for priced_s)

@@ -99,11 +99,8 @@ class Speculator:
         self.probe_budget = ProbeBudget()
         self.unpriced = UnpricedTime()
         self.backoff = Backoff()
-        self._priced_s: float | None = None  # the current step's priced time (None: not a decode-only step)
-
-    @property
-    def unpriced_s(self) -> float:
-        return self.unpriced.mean_s
+        self._priced_s: float | None = None  # the current step's priced time (None: not a steady decode-only step)
+        self._shape: tuple[int, int] = (0, 0)  # ... and its shape (UnpricedTime's key)
 
     @property
     def n_proposed(self) -> int:
@@ -159,7 +156,7 @@ class Speculator:
         """After verification: record acceptance by position for the request and the drafter, and
         how much longer than priced the step took (step_s: its wall time)."""
         if self._priced_s is not None:
-            self.unpriced.observe(step_s, self._priced_s)
+            self.unpriced.observe(self._shape, step_s, self._priced_s)
             self._priced_s = None
         for row in plan.rows:
             spec = self.slots[row.slot.id]
@@ -222,7 +219,7 @@ class Speculator:
             self.probe_budget.earn(decision.plain_s, decision.probe_extra_s)
             if decision.is_probe:
                 self.probe_budget.pay(decision.probe_extra_s)
-        self._priced_s = decision.priced_s
+        self._priced_s, self._shape = decision.priced_s, decision.shape
         if decision.is_lost:
             self.backoff.start(self._rows_key(plan))
 
@@ -257,7 +254,13 @@ class Speculator:
         gains = self._gains(rows, caps, priors)
         order = list(gains)
         drafting = {id(r) for r in rows}
-        other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows if id(r) not in drafting]
+        # steps are priced as decode steps of the generating rows alone: a prompt chunk in the step is
+        # work done either way, and beside it drafts looked nearly free (a deep F16 target at 8 slots
+        # drafted through its prefills at ~25 ms a token where its plain decode steps took 14)
+        other_rows = [Row(r.slot.id, len(r.token_ids), r.n_logits) for r in plan.rows
+                      if id(r) not in drafting and r.slot.state is SlotState.GENERATING]
+        n_rows = len(order) + len(other_rows)
+        is_decode_only = n_rows == len(plan.rows)
         catch_up = backlog = None
         if not self.drafter.is_free:
             # a draft model first reads what its KV lacks: one or two tokens while it keeps drafting,
@@ -267,10 +270,14 @@ class Speculator:
             backlog = {r.slot.id: self.drafter.catch_up_len(r.slot.id, r.slot.cached_ids + [r.slot.next_token])
                        for r in rows}
             catch_up = {sid: min(STEADY_CATCH_UP, n) for sid, n in backlog.items()}
+            if not is_decode_only:  # ... and starts a slot (reads its backlog) only in a decode-only step:
+                # beside prompt chunks the step's other costs hide it, and slots that finish their
+                # prompts one by one would each start on a few steps' worth of steady-state saving
+                gains = {sid: g if backlog[sid] <= catch_up[sid] else [] for sid, g in gains.items()}
 
         def step_s(ks: Ks) -> float:
-            return self.unpriced_s + costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order],
-                                                  ks, catch_up)
+            rows_ = other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order]
+            return self.unpriced.mean_s((n_rows, max(ks.values()))) + costs.step_s(rows_, ks, catch_up)
 
         best = best_uniform_k(gains, step_s, room, self.k_max)
         if backlog is not None and any(best.values()) and not self._backlog_pays(
@@ -289,14 +296,15 @@ class Speculator:
                          and sum(probe.values()) <= room)
             if can_probe and self.probe_budget.credit_after(plain_s, probe_extra_s) >= probe_extra_s:
                 best, is_probe = probe, True
-        priced_s, is_lost = None, False
-        if all(r.slot.state is SlotState.GENERATING for r in plan.rows):  # decode only: learn what it takes beyond
-            # the catch-up of drafting slots only: an idle draft model's backlog grows every step,
-            # and in the memo key it made every such step a miss
-            read = {sid: backlog[sid] for sid in order if best[sid]} if backlog is not None else None
-            priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order], best, read)
+        priced_s, is_lost, shape = None, False, (n_rows, max(best.values()))
+        if is_decode_only:  # learn what it takes beyond the priced time
             is_lost = any(gains.values()) and not any(best.values())  # drafts on offer, priced out (and no probe)
-        return AutoDecision(best, plain_s, probe_extra_s or 0.0, is_probe, priced_s, is_lost)
+            # only steady steps: a draft model's first read of a backlog is priced apart (_backlog_pays),
+            # and one such step must not set what every later step of its shape is priced at
+            if backlog is None or all(backlog[sid] <= catch_up[sid] for sid in order if best[sid]):
+                priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order],
+                                        best, catch_up if backlog is not None else None)
+        return AutoDecision(best, plain_s, probe_extra_s or 0.0, is_probe, priced_s, is_lost, shape)
 
     def _backlog_pays(self, rows: list[BatchRow], ks: Ks, expected: float, backlog: Ks, steady: Ks) -> bool:
         """Does drafting at these ks save more over the requests' remaining tokens than the draft
@@ -309,9 +317,10 @@ class Speculator:
             return True
         ids = [r.slot.id for r in rows]
         zeros = {sid: 0 for sid in ids}
-        plain_s_per_token = (self.unpriced_s + costs.step_s([Row(sid, 1, 1) for sid in ids], zeros)) / len(ids)
+        plain_s = self.unpriced.mean_s((len(ids), 0)) + costs.step_s([Row(sid, 1, 1) for sid in ids], zeros)
         drafted = [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in ids]
-        drafting_s_per_token = (self.unpriced_s + costs.step_s(drafted, ks, steady)) / expected
+        drafting_s = self.unpriced.mean_s((len(ids), max(ks.values()))) + costs.step_s(drafted, ks, steady)
+        plain_s_per_token, drafting_s_per_token = plain_s / len(ids), drafting_s / expected
         once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
         remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
         return remaining * (plain_s_per_token - drafting_s_per_token) > once_s
