@@ -82,6 +82,18 @@ def test_unpriced_time_is_kept_by_shape_and_a_new_shape_takes_the_nearest_with_n
     assert unpriced.mean_s((1, 0)) == pytest.approx(0.005)  # (1, 1) has more drafts: the 8 rows' plain steps
 
 
+def test_a_bet_on_a_shape_not_seen_yet_prices_its_shortfall_in_proportion() -> None:
+    unpriced = UnpricedTime()
+    assert unpriced.cautious_s((4, 2), priced_s=0.166) == 0.0
+    unpriced.observe((4, 0), step_s=0.090, priced_s=0.076)
+    assert unpriced.mean_s((4, 2)) == pytest.approx(0.014)  # a step's choice: the shortfall as it stood
+    assert unpriced.cautious_s((4, 2), priced_s=0.166) == pytest.approx(0.014 * 0.166 / 0.076)
+    assert unpriced.cautious_s((4, 0), priced_s=0.500) == pytest.approx(0.014)  # a seen shape: its own
+    assert unpriced.cautious_s((4, 1), priced_s=0.010) == pytest.approx(0.014)  # never below as it stood
+    unpriced.observe((4, 2), step_s=0.229, priced_s=0.166)
+    assert unpriced.cautious_s((4, 2), priced_s=0.166) == pytest.approx(0.063)
+
+
 def test_backoff_rests_the_same_rows_and_ends_for_others() -> None:
     backoff = Backoff()
     assert not backoff.take_rest(("a",))

@@ -319,7 +319,8 @@ class Speculator:
         zeros = {sid: 0 for sid in ids}
         plain_s = self.unpriced.mean_s((len(ids), 0)) + costs.step_s([Row(sid, 1, 1) for sid in ids], zeros)
         drafted = [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in ids]
-        drafting_s = self.unpriced.mean_s((len(ids), max(ks.values()))) + costs.step_s(drafted, ks, steady)
+        drafting_s = costs.step_s(drafted, ks, steady)
+        drafting_s += self.unpriced.cautious_s((len(ids), max(ks.values())), drafting_s)
         plain_s_per_token, drafting_s_per_token = plain_s / len(ids), drafting_s / expected
         once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
         remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
