@@ -105,11 +105,13 @@ class UnpricedTime:
         time where that is more. (At 4 rows, 2 drafts each took 229 ms priced at 166, while plain
         steps took 90 priced at 76: the plain steps' 14 ms as it stood made four slots' start
         look worth their backlogs, and they lost 6% of the run.)"""
-        nearest = self._nearest(shape) if shape not in self.means else shape
+        nearest = shape if shape in self.means else self._nearest(shape)
         if nearest is None:
             return 0.0
-        scaled = self.means[nearest] * priced_s / self.priced[nearest] if self.priced[nearest] > 0 else 0.0
-        return self.means[nearest] if nearest == shape else max(self.means[nearest], scaled)
+        mean, priced = self.means[nearest], self.priced[nearest]
+        if nearest == shape or priced <= 0:
+            return mean
+        return max(mean, mean * priced_s / priced)
 
     def observe(self, shape: Shape, step_s: float, priced_s: float) -> None:
         # NOTE: never below zero: calibration keeps each shape's fastest time, and a faster step

@@ -19,6 +19,7 @@ from runner.speculation.auto_policy import (
     Backoff,
     Ks,
     ProbeBudget,
+    Shape,
     UnpricedTime,
     best_uniform_k,
     expected_tokens,
@@ -100,7 +101,7 @@ class Speculator:
         self.unpriced = UnpricedTime()
         self.backoff = Backoff()
         self._priced_s: float | None = None  # the current step's priced time (None: not a steady decode-only step)
-        self._shape: tuple[int, int] = (0, 0)  # ... and its shape (UnpricedTime's key)
+        self._shape: Shape = (0, 0)  # ... and its shape (UnpricedTime's key)
 
     @property
     def n_proposed(self) -> int:
@@ -275,9 +276,11 @@ class Speculator:
                 # prompts one by one would each start on a few steps' worth of steady-state saving
                 gains = {sid: g if backlog[sid] <= catch_up[sid] else [] for sid, g in gains.items()}
 
+        def priced_s_of(ks: Ks) -> float:  # the steady step's llama_decode calls, as calibrated
+            return costs.step_s(other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order], ks, catch_up)
+
         def step_s(ks: Ks) -> float:
-            rows_ = other_rows + [Row(sid, 1 + ks[sid], 1 + ks[sid]) for sid in order]
-            return self.unpriced.mean_s((n_rows, max(ks.values()))) + costs.step_s(rows_, ks, catch_up)
+            return self.unpriced.mean_s((n_rows, max(ks.values()))) + priced_s_of(ks)
 
         best = best_uniform_k(gains, step_s, room, self.k_max)
         if backlog is not None and any(best.values()) and not self._backlog_pays(
@@ -302,8 +305,7 @@ class Speculator:
             # only steady steps: a draft model's first read of a backlog is priced apart (_backlog_pays),
             # and one such step must not set what every later step of its shape is priced at
             if backlog is None or all(backlog[sid] <= catch_up[sid] for sid in order if best[sid]):
-                priced_s = costs.step_s(other_rows + [Row(sid, 1 + best[sid], 1 + best[sid]) for sid in order],
-                                        best, catch_up if backlog is not None else None)
+                priced_s = priced_s_of(best)
         return AutoDecision(best, plain_s, probe_extra_s or 0.0, is_probe, priced_s, is_lost, shape)
 
     def _backlog_pays(self, rows: list[BatchRow], ks: Ks, expected: float, backlog: Ks, steady: Ks) -> bool:
