@@ -3,16 +3,18 @@ rests and starts a draft model. Step times come from an injected clock where the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from engines import fake_engine
 from fake_runtime import N_VOCAB, FakeRuntime
 from runner.sampling import SamplingParams
 from runner.scheduler.request import GenerationRequest
-from runner.speculation.auto_policy import DECIDE_EVERY, EXPLORE_SHARE
+from runner.scheduler.slots import SlotState
+from runner.speculation.auto_policy import DECIDE_EVERY, EXPLORE_SHARE, UnpricedTime
 from runner.speculation.cost_model import CostTable, ShapeCosts, StepCosts
 from runner.speculation.ngram_drafter import NgramDrafter
-from runner.scheduler.slots import SlotState
 from runner.speculation.speculator import SpecMode, Speculator
 
 
@@ -35,6 +37,46 @@ class WrongDrafter:
 
     def close(self) -> None:
         pass
+
+
+class RightDrafter:
+    """A draft model that guesses the fake model's next tokens (it counts up) and remembers how
+    much of each slot's context it has read (its backlog is the rest)."""
+
+    name, is_free = "right", False
+
+    def __init__(self) -> None:
+        self.n_read: dict[int, int] = {}
+        self.n_jobs = 0
+
+    def propose(self, jobs) -> None:
+        self.n_jobs += len(jobs)
+        for job in jobs:
+            self.n_read[job.slot_id] = len(job.context_ids)
+            job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
+            job.draft_dists = [None] * job.k
+
+    def catch_up_len(self, slot_id, context_ids) -> int:
+        return len(context_ids) - self.n_read.get(slot_id, 0)
+
+    def close(self) -> None:
+        pass
+
+
+class ClockedRuntime(FakeRuntime):
+    """The fake runtime with a clock that each decode moves on by step_s(rows)."""
+
+    def __init__(self, step_s: Callable[[list], float]) -> None:
+        super().__init__()
+        self.step_s = step_s
+        self.now_s = 0.0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def decode(self, rows):
+        self.now_s += self.step_s(rows)
+        return super().decode(rows)
 
 
 def test_auto_drafts_when_verification_is_cheap_and_not_when_it_is_not() -> None:
@@ -105,24 +147,6 @@ def test_auto_decides_again_only_every_few_steps_once_drafts_lost() -> None:
 def test_auto_starts_a_draft_model_only_where_its_backlog_pays_back() -> None:
     """A draft model's KV starts empty: the first draft reads the whole prompt. Worth it for a long
     reply, not for a short one, even though drafting pays in steady state."""
-    class RightDrafter:  # guesses the fake model's next tokens; remembers how much it has read
-        name, is_free = "right", False
-
-        def __init__(self) -> None:
-            self.n_read = 0
-
-        def propose(self, jobs) -> None:
-            for job in jobs:
-                self.n_read = len(job.context_ids)
-                job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
-                job.draft_dists = [None] * job.k
-
-        def catch_up_len(self, slot_id, context_ids) -> int:
-            return len(context_ids) - self.n_read
-
-        def close(self) -> None:
-            pass
-
     def n_runs(max_tokens: int) -> int:
         rt = FakeRuntime()
         # verification nearly free, drafting 1 ms a token: pays in steady state; the 200-token
@@ -146,21 +170,9 @@ def test_auto_counts_the_step_time_its_costs_leave_out() -> None:
     """Each step also spends time outside the priced llama_decode calls (sampling, streaming);
     drafting pays it once for several tokens. With it learned, drafts that the decode costs alone
     call a small loss are taken."""
-    class SlowRuntime(FakeRuntime):  # its clock runs the priced time per token, plus unpriced_s per step
-        def __init__(self, unpriced_s: float) -> None:
-            super().__init__()
-            self.unpriced_s = unpriced_s
-            self.now_s = 0.0
-
-        def clock(self) -> float:
-            return self.now_s
-
-        def decode(self, rows):
-            self.now_s += 0.001 * sum(len(r.token_ids) for r in rows) + self.unpriced_s
-            return super().decode(rows)
-
-    def drafted_share(unpriced_s: float) -> tuple[float, float]:
-        rt = SlowRuntime(unpriced_s)
+    def drafted_share(unpriced_s: float) -> tuple[float, UnpricedTime]:
+        # its clock runs the priced time per token, plus unpriced_s per step
+        rt = ClockedRuntime(lambda rows: 0.001 * sum(len(r.token_ids) for r in rows) + unpriced_s)
         # k tokens cost a bit more than k times one: even drafts that always land lose on these costs alone
         costs = StepCosts(ShapeCosts({1: CostTable((1, 64), (0.001, 0.066))}))
         spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, costs)
@@ -186,20 +198,11 @@ def test_auto_learns_each_step_shapes_time_apart() -> None:
     here steps with drafts take 12 ms a token where calibration says 5 tokens cost about one.
     Auto learns that from its drafting steps and leaves drafting (one mean for every shape grew
     with each drafting step and kept drafting looking cheap: 'paid once for several tokens')."""
-    class DearDraftsRuntime(FakeRuntime):  # a plain step takes its priced 10 ms, a step with drafts 12 ms a token
-        def __init__(self) -> None:
-            super().__init__()
-            self.now_s = 0.0
+    def dear_drafts_s(rows) -> float:  # a plain step takes its priced 10 ms, a step with drafts 12 ms a token
+        n_tokens = sum(len(r.token_ids) for r in rows)
+        return 0.010 if n_tokens == len(rows) else 0.012 * n_tokens
 
-        def clock(self) -> float:
-            return self.now_s
-
-        def decode(self, rows):
-            n_tokens = sum(len(r.token_ids) for r in rows)
-            self.now_s += 0.010 if n_tokens == len(rows) else 0.012 * n_tokens
-            return super().decode(rows)
-
-    rt = DearDraftsRuntime()
+    rt = ClockedRuntime(dear_drafts_s)
     costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}))
     spec = Speculator(NgramDrafter(), SpecMode.AUTO, 4, 1, costs)
     engine, _ = fake_engine(1, 512, 64, speculator=spec, runtime=rt, clock=rt.clock)
@@ -215,26 +218,6 @@ def test_auto_learns_each_step_shapes_time_apart() -> None:
 def test_a_draft_model_starts_only_in_a_step_without_prompt_chunks() -> None:
     """A draft model's first read of a slot's backlog waits for a step that only decodes: beside a
     prompt chunk, its cost hid in the step's (and drafts looked nearly free there)."""
-    class RightDrafter:
-        name, is_free = "right", False
-
-        def __init__(self) -> None:
-            self.n_read: dict[int, int] = {}
-            self.n_jobs = 0
-
-        def propose(self, jobs) -> None:
-            self.n_jobs += len(jobs)
-            for job in jobs:
-                self.n_read[job.slot_id] = len(job.context_ids)
-                job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
-                job.draft_dists = [None] * job.k
-
-        def catch_up_len(self, slot_id, context_ids) -> int:
-            return len(context_ids) - self.n_read.get(slot_id, 0)
-
-        def close(self) -> None:
-            pass
-
     drafter = RightDrafter()
     costs = StepCosts(ShapeCosts({1: CostTable((1, 5, 64), (0.010, 0.0105, 0.2))}),
                       ShapeCosts({1: CostTable((1, 64), (0.0001, 0.0064))}))  # drafting all but free: it pays
