@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import median, model_path, print_table  # noqa: E402
 
-from runner.loaded_model import LoadedModel  # noqa: E402
-from runner.options import EngineOptions  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
+from runner.model.loaded_model import LoadedModel  # noqa: E402
+from runner.config.options import EngineOptions  # noqa: E402
+from runner.sampling.params import SamplingParams  # noqa: E402
 from runner.scheduler.request import GenerationRequest  # noqa: E402
 
 N = 4

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import median, model_path, print_table  # noqa: E402
 
-from runner.api import Runner  # noqa: E402
+from runner.python_api.runner import Runner  # noqa: E402
 from runner.runtime.llama import Batch, Context, ContextShape, Model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper."

@@ -17,8 +17,8 @@ from common import median, model_path, print_table  # noqa: E402
 import llama_cpp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from runner.loaded_model import LoadedModel  # noqa: E402
-from runner.options import EngineOptions  # noqa: E402
+from runner.model.loaded_model import LoadedModel  # noqa: E402
+from runner.config.options import EngineOptions  # noqa: E402
 
 
 def texts(n: int) -> list[str]:

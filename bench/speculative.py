@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import model_path, print_table  # noqa: E402
 
-from runner.loaded_model import LoadedModel  # noqa: E402
-from runner.options import EngineOptions  # noqa: E402
+from runner.model.loaded_model import LoadedModel  # noqa: E402
+from runner.config.options import EngineOptions  # noqa: E402
 from runner.scheduler.request import GenerationRequest  # noqa: E402
-from runner.sampling import SamplingParams  # noqa: E402
+from runner.sampling.params import SamplingParams  # noqa: E402
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wiped the great lens, "
         "trimmed the wick, and watched the ships pass beyond the rocks. In winter the storms came early, "
@@ -62,7 +62,7 @@ class Cell:
         return self.n_tokens / self.busy_s
 
     def submit(self, texts: list[str], max_tokens: int, tag: str) -> None:
-        from runner.chat_template import Message
+        from runner.prompt.chat_template import Message
 
         for i, text in enumerate(texts):
             ids = self.loaded.chat_prompt_ids([Message("user", text)])

@@ -24,7 +24,7 @@ from common import CHAT_PROMPTS, model_path, print_table  # noqa: E402
 from speculative import GROUNDED  # noqa: E402
 from vs_llama_server import Shape, free_port, measure, ours_command  # noqa: E402
 
-from runner.options import physical_cores  # noqa: E402
+from runner.config.options import physical_cores  # noqa: E402
 
 WORKLOADS = {"free chat": CHAT_PROMPTS, "grounded": GROUNDED}
 

@@ -6,7 +6,7 @@ every reply --max-tokens long). The two servers take turns, one at a time on the
 after pair, and each pair's ratio is ours/theirs from the same minutes; the table gives medians.
 
     bash bench/build_llama_server.sh          # once: llama-server from our pinned llama.cpp
-    python bench/vs_llama_server.py [--llama-server PATH] [--concurrency 1 8] [--repeats 3]
+    python bench/vs_llama_server.py [--llama-server PATH] [--concurrency 1 8] [--slots N] [--repeats 3]
 
 TTFT is the time from sending a request to its first content chunk, over every request of a run;
 requests are sent one after another per client, so from the second on, a client's request
@@ -31,7 +31,7 @@ from common import CHAT_PROMPTS as PROMPTS  # noqa: E402
 from common import model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
 
-from runner.options import physical_cores  # noqa: E402
+from runner.config.options import physical_cores  # noqa: E402
 
 WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
 ALIAS = "bench"
@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=None,
                     help="llama.cpp's server binary (default: the one bench/build_llama_server.sh built)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--slots", type=int, default=None, help="slots of both servers (default: one per client)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another")
     ap.add_argument("--threads", type=int, default=physical_cores())
@@ -139,7 +140,7 @@ def main() -> None:
     model = model_path(args.model)
     rows = []
     for c in args.concurrency:
-        shape = Shape(c, args.ctx_per_slot, args.batch, args.threads)
+        shape = Shape(args.slots or c, args.ctx_per_slot, args.batch, args.threads)
         pairs = []
         for r in range(args.repeats):
             runs = {}
@@ -152,13 +153,13 @@ def main() -> None:
                       f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
             pairs.append(runs)
         med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
-        rows.append([c, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
+        rows.append([c, shape.slots, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
                      statistics.median(p["ours"].tokens_per_s / p["theirs"].tokens_per_s for p in pairs),
                      med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
                      statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
     print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
           f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)\n")
-    print_table(["clients", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
+    print_table(["clients", "slots", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
                  "llama-server mean TTFT ms", "TTFT ours/theirs"], rows)
 
 

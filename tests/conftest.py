@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
+from server_process import ServerProcess
 from tiny_gguf import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,3 +49,22 @@ def cache_env(model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point RUNNER_CACHE_DIR (for subprocesses too) at the shared test model cache."""
     monkeypatch.setenv("RUNNER_CACHE_DIR", str(model_cache))
     return model_cache
+
+
+SERVED = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def serve_smollm2(smollm2_path: Path, model_cache: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """A real `runner serve` of SmolLM2 with these flags: started on first use, shared by the tests
+    that ask for the same flags, stopped at the end of the session."""
+    servers: dict[tuple[str, ...], ServerProcess] = {}
+
+    def serve(*flags: str) -> ServerProcess:
+        if flags not in servers:
+            servers[flags] = ServerProcess(SERVED, model_cache, *flags)
+        return servers[flags]
+
+    yield serve
+    for server in servers.values():
+        server.stop()

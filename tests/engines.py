@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from fake_runtime import FakeRuntime
-from runner.loaded_model import LoadedModel
-from runner.options import EngineOptions
-from runner.scheduler.engine import Engine, Speculation
+from runner.model.loaded_model import LoadedModel
+from runner.config.options import EngineOptions
+from runner.scheduler.engine import Engine
+from runner.scheduler.speculation_stage import Speculation
 from runner.scheduler.request import GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import Scheduler
 

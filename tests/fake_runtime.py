@@ -15,6 +15,7 @@ class FakeRuntime:
         self.kv: dict[int, list[int]] = {}
         self.batches: list[list[tuple[int, list[int], int, int]]] = []
         self.copies: list[tuple[int, int]] = []
+        self.n_padding_tokens = 0
 
     def decode(self, rows: list[BatchRow]) -> list[np.ndarray]:
         self.batches.append([(r.seq_id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
@@ -45,3 +46,39 @@ class FakeRuntime:
     @property
     def eog_ids(self) -> frozenset[int]:
         return frozenset({EOG_ID})
+
+
+class ScriptedGrammar:
+    """A stand-in for a request's grammar (sampling.constraints.Constraint): it allows exactly the
+    tokens of `script`, one after another (each the only continuation, so all of them are forced),
+    then anything."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.left = list(script)
+
+    @property
+    def is_active(self) -> bool:
+        return True
+
+    @property
+    def current(self) -> ScriptedGrammar:
+        return self
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        if self.left:
+            allowed = logits[self.left[0]]
+            logits[:] = -np.inf
+            logits[self.left[0]] = allowed
+
+    def advance(self, token_id: int) -> None:
+        if self.left:
+            assert token_id == self.left.pop(0), "a token the grammar does not allow"
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        for i, token_id in enumerate(token_ids):
+            if i < len(self.left) and token_id != self.left[i]:
+                return i
+        return len(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return list(self.left)

@@ -6,7 +6,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import httpx
@@ -24,6 +26,16 @@ class ServerProcess:
             env={**os.environ, "RUNNER_CACHE_DIR": str(cache)},
         )
         self.url = self._wait_for_url()
+        # the server's log is read on from here (a full pipe would block the server), its tail kept
+        self.log_tail: deque[str] = deque(maxlen=200)
+        self._drain = threading.Thread(target=self._drain_log, daemon=True)
+        self._drain.start()
+
+    def _drain_log(self) -> None:
+        assert self.proc.stderr is not None
+        with self.proc.stderr:
+            for line in self.proc.stderr:
+                self.log_tail.append(line)
 
     def _wait_for_url(self, timeout_s: float = 60) -> str:
         deadline = time.time() + timeout_s
@@ -73,5 +85,4 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self._drain.join(timeout=10)

@@ -7,7 +7,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 
-from runner.errors import CatalogError
+from runner.core.errors import CatalogError
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.errors import PullError
+from runner.core.errors import PullError
 
 PREFIXES = ("https://huggingface.co/", "https://hf.co/", "huggingface.co/", "hf.co/")
 _REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+?)(?:/(?P<file>[^@:]+\.gguf))?(?:@(?P<rev1>[^:@]+))?"

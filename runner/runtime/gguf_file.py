@@ -16,7 +16,7 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from runner.errors import ModelFileError
+from runner.core.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32

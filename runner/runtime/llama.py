@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import llama_cpp as _lc
 import numpy as np
 
-from runner.errors import ModelLoadError
-from runner.options import N_UBATCH_MAX
+from runner.core.errors import ModelLoadError
+from runner.config.options import N_UBATCH_MAX
 
 T = TypeVar("T")
 

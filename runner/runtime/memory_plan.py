@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from runner.errors import MemoryPlanError
-from runner.options import KV_BYTES_PER_VALUE, N_UBATCH_MAX, EngineOptions
+from runner.core.errors import MemoryPlanError
+from runner.config.options import KV_BYTES_PER_VALUE, N_UBATCH_MAX, EngineOptions
 from runner.runtime.gguf_file import GgufInfo
 
 _MIB = 1 << 20

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
-from runner.sampling import Distribution
+from runner.sampling.sampler import Distribution
 from runner.scheduler.slots import Slot
+
+
+class RowKind(str, Enum):
+    """What a row is, decided when it is planned; the scheduler takes its logits by it."""
+
+    PROMPT = "prompt"  # a chunk of a prompt that is not its last: its logits (if any) only score it
+    PROMPT_END = "prompt_end"  # a prompt's last chunk: its last logits give the reply's first token
+    PROMPT_ONLY = "prompt_only"  # ... of a request that generates nothing (max_tokens 0: prompt logprobs)
+    NEXT_TOKEN = "next_token"  # a generating slot's next token, and any drafts to verify
 
 
 @dataclass
@@ -23,6 +33,11 @@ class BatchRow:
     n_accepted: int = 0  # set by postprocess
     is_forced: bool = False  # the drafts are the grammar's only continuation (jump-forward), not a drafter's
     n_prompt_logits: int = 0  # the first logits rows score prompt tokens (a request that asked for prompt logprobs)
+    kind: RowKind = RowKind.NEXT_TOKEN
+
+    @property
+    def is_prompt(self) -> bool:  # its tokens are prompt tokens, computed (not taken from a cache)
+        return self.kind is not RowKind.NEXT_TOKEN
 
     @property
     def seq_id(self) -> int:  # the runtime's sequence id is the slot's
@@ -37,6 +52,14 @@ class BatchRow:
 @dataclass
 class BatchPlan:
     rows: list[BatchRow] = field(default_factory=list)
+    # the rows whose request follows a grammar (jump-forward and mask prefetch look at these alone;
+    # almost always none, and then neither costs a pass over the rows)
+    constrained: list[BatchRow] = field(default_factory=list)
+
+    def add(self, row: BatchRow) -> None:
+        self.rows.append(row)
+        if row.slot.seq is not None and row.slot.seq.request.constraint is not None:
+            self.constrained.append(row)
 
     @property
     def n_tokens(self) -> int:

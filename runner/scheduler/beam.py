@@ -11,22 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from runner.scheduler.detokenizer import Detokenizer
-from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
-
-if TYPE_CHECKING:
-    from runner.scheduler.sequence import Sequence
-    from runner.scheduler.slots import Slot
-
-
-class KvCopy(Protocol):
-    def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
-    def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
-
+from runner.scheduler.group import GroupSlot, KvCopy
+from runner.scheduler.request import FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
+from runner.scheduler.sequence import Sequence
 
 Top = tuple[tuple[int, float], ...]  # the most likely tokens at a position, with their logprobs
 
@@ -47,7 +38,7 @@ class Hypothesis:
 
 @dataclass
 class Beam:
-    slot: Slot
+    slot: GroupSlot
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[Top] = field(default_factory=list)
@@ -56,7 +47,7 @@ class Beam:
     def total(self) -> float:
         return sum(self.logprobs)
 
-    def child(self, slot: Slot, token: int, logprob: float, top: Top) -> Beam:
+    def child(self, slot: GroupSlot, token: int, logprob: float, top: Top) -> Beam:
         return Beam(slot, self.token_ids + [token], self.logprobs + [logprob], self.tops + [top])
 
 
@@ -67,8 +58,12 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 
 
 class BeamSearch:
-    """One request's beams. The scheduler hands it each step's rows (`collect`), then `advance`s it
-    once per step, after every row of the step was seen."""
+    """One request's beams, and their group (group.Group): admitted when all its slots are free, it
+    parks the other beams beside the first; the scheduler hands it each step's rows (`collect`),
+    then `advance`s it once per step, after every row of the step was seen. A cancel or a failure
+    of one beam ends them all."""
+
+    decides_together = True
 
     def __init__(self, seqs: list[Sequence], length_penalty: float, early_stopping: bool,
                  token_bytes: Callable[[int], bytes]) -> None:
@@ -80,17 +75,33 @@ class BeamSearch:
         self.beams: list[Beam] = []
         self.finished: list[Hypothesis] = []
         self._rows: dict[int, np.ndarray] = {}  # slot id -> this step's logits row
-        self.slots: list[Slot] = []  # the group's slots, the first beam's first (set when admitted)
+        self.slots: list[GroupSlot] = []  # the group's slots, the first beam's first (set when admitted)
         self.is_done = False
 
     @property
-    def request(self):  # noqa: ANN201 - the head's GenerationRequest
+    def request(self) -> GenerationRequest:  # the head's
         return self.seqs[0].request
 
-    def collect(self, slot: Slot, row: np.ndarray) -> None:
+    @property
+    def slot_ids(self) -> tuple[int, ...]:
+        return tuple(slot.id for slot in self.slots)
+
+    def can_admit(self, seq: Sequence, n_free_slots: int) -> bool:
+        return n_free_slots >= self.width  # it starts with all its slots (first come, first served: it waits)
+
+    def start(self, slot: GroupSlot, park: Callable[[Sequence], GroupSlot]) -> None:
+        """The first beam took `slot` to compute the prompt; the others' slots wait parked (no rows)
+        until its first step, when each gets a copy of a parent's KV."""
+        self.slots = [slot] + [park(seq) for seq in self.seqs[1:]]
+
+    def cancel(self) -> None:
+        for seq in self.seqs:  # one beam's cancel ends the whole search
+            seq.is_cancel_requested = True
+
+    def collect(self, slot: GroupSlot, row: np.ndarray) -> None:
         self._rows[slot.id] = row
 
-    def advance(self, kv: KvCopy, n_ctx_per_slot: int) -> list[Slot]:
+    def advance(self, kv: KvCopy, n_ctx_per_slot: int) -> list[GroupSlot]:
         """Choose the next beams from this step's rows; returns the slots to release (all of them
         once the search ends)."""
         slots = self.slots
@@ -132,7 +143,7 @@ class BeamSearch:
         return []
 
     def _should_stop(self, chosen: list[tuple[int, int, float, Top]], parents: list[Beam], n_done: int, max_tokens: int,
-                     slot: Slot, n_ctx_per_slot: int) -> bool:
+                     slot: GroupSlot, n_ctx_per_slot: int) -> bool:
         if n_done >= max_tokens or slot.n_cached + 2 >= n_ctx_per_slot or not chosen:
             return True
         if len(self.finished) < self.width:
@@ -145,7 +156,7 @@ class BeamSearch:
         best_live = max(parents[p].total + lp for p, _, lp, _ in chosen) / n_done ** self.length_penalty
         return best_live < worst
 
-    def _place(self, chosen: list[tuple[int, int, float, Top]], parents: list[Beam], slots: list[Slot],
+    def _place(self, chosen: list[tuple[int, int, float, Top]], parents: list[Beam], slots: list[GroupSlot],
                kv: KvCopy) -> list[Beam]:
         """The new beams in the group's slots: a parent's first child stays in its slot; each other
         child takes a slot whose beam has no child, with a copy of its parent's KV."""

@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from runner.constraints import prefetch_masks
 from runner.scheduler.batch import BatchPlan, BatchRow
 from runner.scheduler.beam import BeamSearch
+from runner.scheduler.draft_stage import DraftStage, compose
+from runner.scheduler.engine_stats import EngineStats
+from runner.scheduler.group import ALONE, Choices, Group
+from runner.scheduler.jump_forward import JumpForward
 from runner.scheduler.request import EventSink, GenerationRequest
 from runner.scheduler.scheduler import Scheduler
 from runner.scheduler.sequence import Sequence
-from runner.scheduler.slots import SlotState
+from runner.scheduler.snapshot import EngineSnapshot, SlotDrafts, SlotSnapshot
+from runner.scheduler.speculation_stage import Speculation, SpeculationStage
 
 
 class Runtime(Protocol):
+    n_padding_tokens: int  # junk tokens decoded to keep batches invariant (0 where it never pads)
+
     def decode(self, rows: list[BatchRow]) -> list[np.ndarray]: ...  # each row's logits rows, in row order
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
-
-
-class Speculation(Protocol):
-    """What the step loop asks of speculative decoding (speculation.speculator.Speculator)."""
-
-    def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None: ...
-    def learn(self, plan: BatchPlan, step_s: float) -> None: ...
-    def on_copy(self, src_slot: int, dst_slot: int) -> None: ...
 
 
 class Vocab(Protocol):
@@ -37,30 +34,38 @@ class Vocab(Protocol):
     def eog_ids(self) -> frozenset[int]: ...
 
 
-@dataclass
-class EngineStats:
-    n_requests: int = 0
-    n_prompt_tokens: int = 0  # prompt tokens computed (not reused)
-    n_cached_prompt_tokens: int = 0
-    n_generated_tokens: int = 0  # sampled by the target, accepted drafts included
-    n_steps: int = 0
-    decode_s: float = 0.0
-    n_forced_tokens: int = 0  # put in rows by jump-forward (constrained requests)
-
-
 class Engine:
     def __init__(self, runtime: Runtime, scheduler: Scheduler, vocab: Vocab,
                  speculator: Speculation | None = None, clock: Callable[[], float] = time.perf_counter,
                  jump_forward: bool = True) -> None:
         self.runtime = runtime
         self.clock = clock  # seconds; tests inject one so that nothing depends on the machine's speed
-        self.jump_forward = jump_forward
         self.scheduler = scheduler
         self.vocab = vocab
         self.speculator = speculator
-        self.stats = EngineStats()
+        self.stats = EngineStats(step_times=scheduler.step_times)
+        self.jump_forward = jump_forward  # (sets self.drafts)
         if speculator is not None:
             scheduler.on_kv_copy = speculator.on_copy
+
+    @property
+    def jump_forward(self) -> bool:
+        return self._jump_forward
+
+    @jump_forward.setter
+    def jump_forward(self, on: bool) -> None:  # (bench/structured.py compares runs with it on and off)
+        self._jump_forward = on
+        self.drafts = self._draft_stage()
+
+    def _draft_stage(self) -> DraftStage:
+        """The speculator's drafts first; then a grammar's forced tokens in the rows it left without."""
+        n_batch, n_ctx_per_slot = self.scheduler.n_batch, self.scheduler.n_ctx_per_slot
+        stages: list[DraftStage] = []
+        if self.speculator is not None:
+            stages.append(SpeculationStage(self.speculator, n_batch, n_ctx_per_slot))
+        if self._jump_forward:
+            stages.append(JumpForward(n_batch, n_ctx_per_slot))
+        return compose(stages)
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> Sequence:
         return self.submit_group([request], [sink])[0]
@@ -70,17 +75,19 @@ class Engine:
         start from a copy of its KV once it is there, each in its own slot with its own sampler."""
         seqs = [Sequence(r, sink, self.vocab.token_bytes, self.vocab.eog_ids) for r, sink in zip(requests, sinks,
                                                                                                  strict=True)]
-        beam = requests[0].beam
-        if beam is not None:  # the group's requests are one beam search's beams
-            search = BeamSearch(seqs, beam.length_penalty, beam.early_stopping, self.vocab.token_bytes)
-            for seq in seqs:
-                seq.beam = search
-        else:
-            for seq in seqs[1:]:
-                seq.fork_of = seqs[0]
+        group = self._group(seqs)
+        for seq in seqs:
+            seq.group = group
         self.scheduler.submit_group(seqs)
         self.stats.n_requests += 1
         return seqs
+
+    def _group(self, seqs: list[Sequence]) -> Group[Sequence]:
+        """How the scheduler treats them together (group.py): one beam search, n choices, or one alone."""
+        beam = seqs[0].request.beam
+        if beam is not None:  # the group's requests are one beam search's beams
+            return BeamSearch(seqs, beam.length_penalty, beam.early_stopping, self.vocab.token_bytes)
+        return Choices(seqs[0]) if len(seqs) > 1 else ALONE
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.cancel(request_id)
@@ -89,60 +96,45 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    def snapshot(self) -> EngineSnapshot:
+        """A frozen copy of the counters and the slot table (call it on the engine's own thread)."""
+        stats, scheduler = self.stats, self.scheduler
+        drafts = self.speculator.counts() if self.speculator is not None else None
+        slots = []
+        for slot in scheduler.pool.slots:
+            seq = slot.seq
+            spec = drafts.slots[slot.id] if drafts is not None else SlotDrafts()
+            acceptance = round(spec.n_accepted / spec.n_proposed, 4) if spec.n_proposed else None
+            slots.append(SlotSnapshot(slot.id, slot.state.value, seq.request_id if seq else None, slot.n_cached,
+                                      len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused,
+                                      spec.k, acceptance))
+        return EngineSnapshot(tuple(slots), scheduler.n_waiting, stats.n_requests, stats.n_prompt_tokens,
+                              stats.n_cached_prompt_tokens, scheduler.n_copied_prompt_tokens,
+                              stats.n_generated_tokens, stats.n_steps, stats.decode_s,
+                              self.runtime.n_padding_tokens, stats.n_forced_tokens, drafts)
+
     def step(self) -> int:
         """Run one engine step; returns the number of tokens decoded."""
-        step_started = self.clock()
+        started = self.clock()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return 0
-        if self.speculator is not None:
-            self.speculator.draft(plan, self.scheduler.n_batch, self.scheduler.n_ctx_per_slot)
-        # rows whose request follows a grammar (none, almost always: then nothing below costs a pass)
-        constrained = [r for r in plan.rows if r.slot.seq is not None and r.slot.seq.request.constraint is not None]
-        if constrained and self.jump_forward:
-            self._jump_forward(plan, constrained)
+        self.drafts.propose(plan)
+        logits, decode_s = self._decode(plan)
+        if logits is None:  # the decode failed: the plan's requests ended with its error
+            return 0
+        self.scheduler.postprocess(plan, logits)
+        self.stats.record(plan, decode_s)
+        self.drafts.learn(plan, self.clock() - started)
+        return plan.n_tokens
+
+    def _decode(self, plan: BatchPlan) -> tuple[list[np.ndarray] | None, float]:
+        """The plan's one llama_decode: each row's logits (None where it failed: then the plan's
+        requests end with its error, and their KV is no longer trusted) and the seconds it took."""
         started = self.clock()
         try:
             logits = self.runtime.decode(plan.rows)
         except RuntimeError as exc:
             self.scheduler.fail(plan, str(exc))
-            return 0
-        decode_s = self.clock() - started
-        self.stats.decode_s += decode_s
-        self.scheduler.step_times.observe(plan.n_tokens, decode_s)
-        self.stats.n_steps += 1
-        self._count(plan.rows)
-        if constrained:
-            prefetch_masks([c for row in constrained
-                            if row.n_logits and (c := row.slot.seq.request.constraint).is_active])
-        self.scheduler.postprocess(plan, logits)
-        self.stats.n_generated_tokens += sum(1 + row.n_accepted for row in plan.rows
-                                             if row.n_logits > row.n_prompt_logits)
-        if self.speculator is not None:
-            self.speculator.learn(plan, self.clock() - step_started)
-        return plan.n_tokens
-
-    def _jump_forward(self, plan: BatchPlan, constrained: list[BatchRow]) -> None:
-        """Where a request's grammar allows exactly one continuation (a schema's fixed keys,
-        punctuation), those tokens ride in its row as drafts: verified like any draft (the masked
-        target gives them probability 1), so several forced tokens cost one step."""
-        room = self.scheduler.n_batch - plan.n_tokens
-        for row in constrained:
-            seq = row.slot.seq
-            if room <= 0 or row.draft_ids or row.slot.state is not SlotState.GENERATING or seq is None:
-                continue
-            cap = min(room, seq.n_tokens_left - 1, self.scheduler.n_ctx_per_slot - row.slot.n_cached - 2)
-            forced = seq.request.constraint.forced_tokens()[: max(0, cap)]
-            if forced:
-                row.add_drafts(forced, [None] * len(forced), is_forced=True)
-                room -= len(forced)
-                self.stats.n_forced_tokens += len(forced)
-
-    def _count(self, rows: list[BatchRow]) -> None:
-        for row in rows:
-            seq = row.slot.seq
-            assert seq is not None
-            if row.slot.state is SlotState.PREFILL:
-                self.stats.n_prompt_tokens += len(row.token_ids)
-                if row.first_pos == seq.n_cached_prompt:  # first chunk: the rest came from the cache
-                    self.stats.n_cached_prompt_tokens += seq.n_cached_prompt
+            return None, 0.0
+        return logits, self.clock() - started

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.constraints import AnyConstraint
-from runner.options import DEFAULT_MAX_TOKENS
-from runner.sampling import SamplingParams
+from runner.sampling.constraints import AnyConstraint
+from runner.config.options import DEFAULT_MAX_TOKENS
+from runner.sampling.params import SamplingParams
 
 
 class FinishReason(str, Enum):

@@ -12,15 +12,25 @@ from typing import Protocol
 
 import numpy as np
 
-from runner.errors import RunnerError
-from runner.scheduler.batch import BatchPlan, BatchRow
-from runner.scheduler.beam import BeamSearch
+from runner.core.errors import RunnerError
+from runner.sampling.constraints import prefetch_masks
+from runner.scheduler.batch import BatchPlan, BatchRow, RowKind
+from runner.scheduler.group import Group
 from runner.scheduler.request import FinishReason
 from runner.scheduler.sequence import Sequence
 from runner.scheduler.slots import Placement, Slot, SlotPool, SlotState
 from runner.scheduler.step_times import StepTimes
 
 MAX_PASSED_OVER = 4  # a prompt passed over this many steps for shorter ones goes first
+
+
+def _score_prompt(row: BatchRow, seq: Sequence, rows: np.ndarray) -> np.ndarray:
+    """The row's first logits score prompt tokens (where the request asked for prompt logprobs);
+    returns the logits after them."""
+    if not row.n_prompt_logits:
+        return rows
+    seq.score_prompt(row.first_pos, rows[: row.n_prompt_logits])
+    return rows[row.n_prompt_logits :]
 
 
 class QueueFullError(RunnerError):
@@ -62,8 +72,7 @@ class Scheduler:
 
     def is_queue_full(self, n_arriving: int = 0) -> bool:
         """Would one more request (after n_arriving not yet submitted) wait beyond --max-queue?"""
-        n_free = len(self.pool.slots) - self.pool.n_busy
-        return len(self.waiting) + n_arriving - n_free >= self.max_queue
+        return len(self.waiting) + n_arriving - self.pool.n_free >= self.max_queue
 
     def submit(self, seq: Sequence) -> None:
         self.submit_group([seq])
@@ -90,8 +99,8 @@ class Scheduler:
 
     @staticmethod
     def _mark_cancelled(seq: Sequence) -> None:
-        for each in seq.beam.seqs if seq.beam is not None else [seq]:  # one beam's cancel ends the whole search
-            each.is_cancel_requested = True
+        seq.is_cancel_requested = True
+        seq.group.cancel()  # (a group that ends whole marks the others)
 
     @property
     def has_work(self) -> bool:
@@ -110,16 +119,19 @@ class Scheduler:
         for slot in self.pool.active():
             if slot.state is SlotState.GENERATING:
                 assert slot.next_token is not None
-                plan.rows.append(BatchRow(slot, [slot.next_token], slot.n_cached, 1))
+                plan.add(BatchRow(slot, [slot.next_token], slot.n_cached, 1))
                 budget -= 1
         for slot in self._prefill_slots(budget):
-            assert slot.seq is not None
+            seq = slot.seq
+            assert seq is not None
             n_chunk = min(slot.n_prompt_left, budget)
-            chunk = list(slot.seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
+            chunk = list(seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
             is_last = n_chunk == slot.n_prompt_left
             # each position's logits predict the next prompt token (the last one's: the reply's first)
-            n_scored = (n_chunk - is_last) if slot.seq.request.prompt_logprobs is not None else 0
-            plan.rows.append(BatchRow(slot, chunk, slot.n_cached, n_scored + is_last, n_prompt_logits=n_scored))
+            n_scored = (n_chunk - is_last) if seq.request.prompt_logprobs is not None else 0
+            kind = (RowKind.PROMPT if not is_last else RowKind.PROMPT_ONLY if seq.request.max_tokens == 0
+                    else RowKind.PROMPT_END)
+            plan.add(BatchRow(slot, chunk, slot.n_cached, n_scored + is_last, n_prompt_logits=n_scored, kind=kind))
             budget -= n_chunk
         return plan
 
@@ -156,57 +168,87 @@ class Scheduler:
 
     def postprocess(self, plan: BatchPlan, logits: list[np.ndarray]) -> None:
         """Record what entered the KV, sample every row's logits (logits[i]: plan.rows[i]'s), finish and
-        free slots. A row whose sampling or detokenizing raises fails its own request only. Beam
-        searches choose their next beams once all their rows are in."""
-        searches: dict[int, BeamSearch] = {}
+        free slots. A row whose sampling or detokenizing raises fails its own request only. A group
+        that decides its members' tokens together (a beam search) does so once all its rows are in."""
+        if plan.constrained:
+            self._prefetch_masks(plan.constrained)
+        deciding: dict[int, Group[Sequence]] = {}
         for row, rows in zip(plan.rows, logits, strict=True):
             try:
-                self._take(row, rows, searches)
+                self._take(row, rows, deciding)
             except Exception as exc:  # noqa: BLE001 - contained: the other rows' requests go on
                 self._drop(row.slot, f"internal error: {type(exc).__name__}: {exc}")
-        for search in searches.values():
+        for group in deciding.values():
             try:
-                self._advance(search)
+                self._advance(group)
             except Exception as exc:  # noqa: BLE001
-                self._drop(search.slots[0], f"internal error: {type(exc).__name__}: {exc}")
+                self._drop(self.pool.slots[group.slot_ids[0]], f"internal error: {type(exc).__name__}: {exc}")
 
-    def _advance(self, search: BeamSearch) -> None:
-        for slot in search.advance(self._kv, self.n_ctx_per_slot):
-            self.pool.release(slot)
-        if not search.is_done:
-            for slot in search.slots:
-                slot.state = SlotState.GENERATING
+    @staticmethod
+    def _prefetch_masks(constrained: list[BatchRow]) -> None:
+        """The masks that this step's sampling will ask the grammars for, computed together."""
+        prefetch_masks([c for row in constrained
+                        if row.n_logits and (c := row.slot.seq.request.constraint).is_active])
 
-    def _take(self, row: BatchRow, rows: np.ndarray, searches: dict[int, BeamSearch]) -> None:
-        slot, seq = row.slot, row.slot.seq
+    def _take(self, row: BatchRow, rows: np.ndarray, deciding: dict[int, Group[Sequence]]) -> None:
+        seq = row.slot.seq
         assert seq is not None
-        if seq.beam is not None:  # the fed tokens are in the KV; the search decides what follows
-            slot.append(row.token_ids)
-            if row.n_logits:
-                seq.beam.collect(slot, rows[-1])
-                searches[id(seq.beam)] = seq.beam
-            return
-        if row.n_prompt_logits:
-            seq.score_prompt(row.first_pos, rows[: row.n_prompt_logits])
-            rows = rows[row.n_prompt_logits :]
-        if row.n_logits == row.n_prompt_logits:  # a prompt chunk, not its last
-            slot.append(row.token_ids)
-            return
-        if seq.request.max_tokens == 0:  # scoring only: the prompt is in, nothing is generated
-            slot.append(row.token_ids)
-            seq.finish(FinishReason.LENGTH)
-            self.pool.release(slot)
-            return
-        slot.state = SlotState.GENERATING
+        if seq.group.decides_together:
+            self._collect(row, rows, seq.group, deciding)
+        else:
+            self._TAKE[row.kind](self, row, seq, rows)
+
+    @staticmethod
+    def _collect(row: BatchRow, rows: np.ndarray, group: Group[Sequence], deciding: dict[int, Group[Sequence]]) -> None:
+        """A row of a group that decides together: its fed tokens are in the KV; the group decides
+        what follows once the step's rows are all in."""
+        row.slot.append(row.token_ids)
+        if row.n_logits:
+            group.collect(row.slot, rows[-1])
+            deciding[id(group)] = group
+
+    def _take_prompt(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
+        """A prompt chunk is in the KV (its logits, where the request asked, scored its tokens)."""
+        _score_prompt(row, seq, rows)
+        row.slot.append(row.token_ids)
+
+    def _take_prompt_only(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
+        """Scoring only: the prompt is in, nothing is generated."""
+        self._take_prompt(row, seq, rows)
+        seq.finish(FinishReason.LENGTH)
+        self.pool.release(row.slot)
+
+    def _take_prompt_end(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
+        """The prompt's last chunk: its last logits give the reply's first token."""
+        rows = _score_prompt(row, seq, rows)
+        row.slot.state = SlotState.GENERATING
+        self._take_tokens(row, seq, rows)
+
+    def _take_tokens(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
+        """Sample the row's next token, verifying its drafts first; rejected drafts leave the KV."""
+        slot = row.slot
         n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
         n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
         row.n_accepted, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists, n_ctx_left)
         n_kept = n_fed + row.n_accepted
-        if n_kept < len(row.token_ids):  # rejected drafts leave the KV
+        if n_kept < len(row.token_ids):
             self._kv.kv_remove(slot.id, slot.n_cached + n_kept, -1)
         slot.append(row.token_ids[:n_kept])
         if seq.is_finished:
             self.pool.release(slot)
+
+    # a row's logits go to the method for its kind, decided when the row was planned
+    _TAKE = {RowKind.PROMPT: _take_prompt, RowKind.PROMPT_END: _take_prompt_end,
+             RowKind.PROMPT_ONLY: _take_prompt_only, RowKind.NEXT_TOKEN: _take_tokens}
+
+    def _advance(self, group: Group[Sequence]) -> None:
+        """The group chose its members' next tokens: the slots it is done with are freed, the others
+        decode them (a group knows the slots by id, which is their index in the pool)."""
+        for slot in group.advance(self._kv, self.n_ctx_per_slot):
+            self.pool.release(self.pool.slots[slot.id])
+        if not group.is_done:
+            for slot_id in group.slot_ids:
+                self.pool.slots[slot_id].state = SlotState.GENERATING
 
     def fail(self, plan: BatchPlan, message: str) -> None:
         """A decode failed: end the plan's requests with an error; their KV is no longer trusted."""
@@ -222,8 +264,10 @@ class Scheduler:
             self._drop(slot, message)
 
     def _drop(self, slot: Slot, message: str) -> None:
-        search = slot.seq.beam if slot.seq is not None else None
-        for each in (search.slots if search is not None and search.slots else [slot]):  # a search fails whole
+        """End the slot's request with an error (a group that holds its slots as one: all of them) and
+        forget its KV."""
+        group_ids = slot.seq.group.slot_ids if slot.seq is not None else ()
+        for each in [self.pool.slots[i] for i in group_ids] or [slot]:
             if each.seq is not None and not each.seq.is_finished:
                 each.seq.finish(FinishReason.ERROR, error=message)
             self._kv.kv_remove(each.id, 0, -1)
@@ -242,40 +286,38 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.pool.has_free():
-            head = self.waiting[0].fork_of
-            if head is not None and not head.is_prompt_computed:
-                break  # (first come, first served: nothing overtakes it; its first choice is prefilling)
-            search = self.waiting[0].beam
-            if search is not None and len(self.pool.slots) - self.pool.n_busy < search.width:
-                break  # a beam search starts with all its slots (first come, first served: it waits for them)
-            seq = self.waiting.popleft()
-            place = self.pool.place(seq.prompt_ids)
-            if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
-                place = Placement(place.slot, 0)
-            slot, n_keep = place.slot, place.n_keep
-            if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
-                self._kv.kv_copy_all(place.copy_from.id, slot.id)
-                if self.on_kv_copy is not None:
-                    self.on_kv_copy(place.copy_from.id, slot.id)
-                slot.replace(place.copy_from.cached_ids)
-                self.n_copied_prompt_tokens += n_keep
-            if n_keep < slot.n_cached:
-                self._kv.kv_remove(slot.id, n_keep, -1)
-                slot.truncate(n_keep)
-            seq.n_cached_prompt = n_keep
-            self.pool.occupy(slot, seq, n_keep)
-            if search is not None:
-                self._park_beams(search, slot)
+            seq = self.waiting[0]
+            if not seq.group.can_admit(seq, self.pool.n_free):
+                break  # first come, first served: nothing overtakes it
+            self.waiting.popleft()
+            seq.group.start(self._place(seq), self._park)
 
-    def _park_beams(self, search: BeamSearch, first: Slot) -> None:
-        """The search's other beams take their slots now, parked (no rows) until the first beam's
-        prompt gives the first step; each then gets a copy of a parent's KV."""
-        search.slots = [first]
-        for seq in search.seqs[1:]:
-            self.waiting.remove(seq)
-            slot = min((s for s in self.pool.slots if s.is_free), key=lambda s: s.last_used)
-            self._kv.kv_remove(slot.id, 0, -1)
-            slot.truncate(0)
-            self.pool.occupy(slot, seq, 0)
-            slot.state = SlotState.PARKED
-            search.slots.append(slot)
+    def _place(self, seq: Sequence) -> Slot:
+        """A free slot for seq, holding the longest cached prefix of its prompt found in any slot."""
+        place = self.pool.place(seq.prompt_ids)
+        if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
+            place = Placement(place.slot, 0)
+        slot, n_keep = place.slot, place.n_keep
+        if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
+            self._kv.kv_copy_all(place.copy_from.id, slot.id)
+            if self.on_kv_copy is not None:
+                self.on_kv_copy(place.copy_from.id, slot.id)
+            slot.replace(place.copy_from.cached_ids)
+            self.n_copied_prompt_tokens += n_keep
+        if n_keep < slot.n_cached:
+            self._kv.kv_remove(slot.id, n_keep, -1)
+            slot.truncate(n_keep)
+        seq.n_cached_prompt = n_keep
+        self.pool.occupy(slot, seq, n_keep)
+        return slot
+
+    def _park(self, seq: Sequence) -> Slot:
+        """A slot for a member of a group that starts whole: it waits there, empty and without rows,
+        until the group's first step (the least recently used free slot)."""
+        self.waiting.remove(seq)
+        slot = min((s for s in self.pool.slots if s.is_free), key=lambda s: s.last_used)
+        self._kv.kv_remove(slot.id, 0, -1)
+        slot.truncate(0)
+        self.pool.occupy(slot, seq, 0)
+        slot.state = SlotState.PARKED
+        return slot

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runner.sampling import Distribution, Sampler, top_logprobs
+from runner.sampling.sampler import Distribution, Sampler, top_logprobs
 from runner.scheduler.detokenizer import Detokenizer
+from runner.scheduler.group import ALONE, Group
 from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
 from runner.scheduler.verification import verify
-
-if TYPE_CHECKING:
-    from runner.scheduler.beam import BeamSearch
 
 
 class Sequence:
@@ -35,10 +32,8 @@ class Sequence:
         self.n_draft_accepted = 0
         self.finish_reason: FinishReason | None = None
         self.is_cancel_requested = False
-        # another choice of the same request (n > 1): admitted once that one's prompt is in the KV,
-        # so that its slot copies the prompt's KV instead of computing it again
-        self.fork_of: Sequence | None = None
-        self.beam: BeamSearch | None = None  # one of a beam search's requests (scheduler.py drives it)
+        # the sequences scheduled with it: n choices of one prompt, one beam search (set by the engine)
+        self.group: Group[Sequence] = ALONE
         self._is_prompt_computed = False
         self._prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent (they ride on the next event)
 

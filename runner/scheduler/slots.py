@@ -119,6 +119,10 @@ class SlotPool:
     def n_busy(self) -> int:
         return sum(1 for s in self.slots if not s.is_free)
 
+    @property
+    def n_free(self) -> int:
+        return len(self.slots) - self.n_busy
+
     def has_free(self) -> bool:
         return any(s.is_free for s in self.slots)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runner.sampling import Distribution, Sampler
+from runner.sampling.sampler import Distribution, Sampler
 
 
 @dataclass(frozen=True)

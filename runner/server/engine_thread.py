@@ -1,7 +1,9 @@
 """The engine on its own thread: the one owner of the llama.cpp context and every slot.
 
-Other threads only post commands (submit, cancel) into an inbox; events go back through
-each request's sink (the server's sink hops onto the asyncio loop with call_soon_threadsafe).
+Other threads only post commands (submit, cancel, snapshot) into an inbox and never read the
+scheduler's or the speculator's state; events go back through each request's sink (the server's
+sink hops onto the asyncio loop with call_soon_threadsafe). After each pass the engine thread
+publishes how full its queue is, so that a submit is refused at once when --max-queue is reached.
 """
 
 from __future__ import annotations
@@ -10,29 +12,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
+from runner.core.errors import RunnerError
 from runner.scheduler.engine import Engine
-from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent
-from runner.errors import RunnerError
+from runner.scheduler.request import (
+    EventSink,
+    FinishReason,
+    GenerationRequest,
+    StreamEvent,
+)
 from runner.scheduler.scheduler import QueueFullError
+from runner.scheduler.snapshot import EngineSnapshot
+
+SNAPSHOT_TIMEOUT_S = 30.0  # a step can be long (a big prompt chunk on a slow CPU); past this, something is stuck
 
 
 class EngineStoppedError(RunnerError):
     """The engine thread has stopped: no request can be served."""
-
-
-@dataclass(frozen=True)
-class SlotView:
-    id: int
-    state: str
-    request_id: str | None
-    n_cached: int
-    n_generated: int
-    n_prompt: int
-    n_prompt_reused: int
-    draft_k: int  # drafts verified in this slot's last step
-    draft_acceptance: float | None  # accepted / proposed for the current (or last) request
 
 
 @dataclass(frozen=True)
@@ -44,8 +42,11 @@ class _Submit:
 class EngineThread:
     def __init__(self, engine: Engine, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        self.max_queue = engine.scheduler.max_queue
         self._inbox: deque[_Submit | Callable[[], None]] = deque()
-        self._n_arriving = 0  # submits in the inbox (cancels there wait for no slot)
+        self._n_arriving = 0  # requests submitted and not yet counted in the published queue below
+        self._n_queued = 0  # published by the engine thread: requests waiting for a slot ...
+        self._n_free = len(engine.scheduler.pool.slots)  # ... and slots free for them
         self._wake = threading.Condition()
         self._stopping = False
         self._on_error = on_error
@@ -67,23 +68,18 @@ class EngineThread:
         self._thread.join(timeout=30)
 
     # -- called from other threads ----------------------------------------------------------
-    def check_prompt(self, n_prompt: int) -> None:
-        """Raises PromptTooLongError for a prompt no slot can hold (reads only the fixed slot size)."""
-        self.engine.scheduler.check_prompt(n_prompt)
-
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue a request; raises QueueFullError when --max-queue requests already wait."""
         self.submit_group([request], [sink])
 
     def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> None:
-        """Queue a request's n choices together (the prompt is computed once: Engine.submit_group)."""
-        scheduler = self.engine.scheduler
-        scheduler.check_prompt(len(requests[0].prompt_ids))
+        """Queue a request's n choices together (the prompt is computed once: Engine.submit_group).
+        The prompt's length was checked at the edge (model.prompt_limits); the scheduler checks again."""
         with self._wake:
             if self.crash is not None or self._stopping:
                 raise EngineStoppedError("the engine has stopped (see the server's log); restart the server")
-            if scheduler.is_queue_full(self._n_arriving + len(requests) - 1):
-                raise QueueFullError(f"the queue is full ({scheduler.max_queue} requests waiting)")
+            if self._n_queued + self._n_arriving + len(requests) - 1 - self._n_free >= self.max_queue:
+                raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
             self._n_arriving += len(requests)
             self._inbox.append(_Submit(list(requests), list(sinks)))
             self._wake.notify()
@@ -95,24 +91,26 @@ class EngineThread:
         """Cancel every request, waiting or running (shutdown: nobody will read their replies)."""
         self._post(self.engine.scheduler.cancel_all)
 
-    def slots(self) -> list[SlotView]:
-        views = []
-        speculator = self.engine.speculator
-        for slot in self.engine.scheduler.pool.slots:
-            seq = slot.seq  # read once: the engine thread may release it meanwhile
-            spec = speculator.slots[slot.id] if speculator else None
-            proposed = spec.n_proposed if spec else 0
-            views.append(
-                SlotView(slot.id, slot.state.value, seq.request_id if seq else None, slot.n_cached,
-                         len(seq.output_ids) if seq else 0, slot.n_prompt, slot.n_prompt_reused,
-                         spec.k if spec else 0,
-                         round(spec.n_accepted / proposed, 4) if spec and proposed else None)
-            )
-        return views
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's counters and slot table, built by the engine thread between two steps."""
+        if not self._thread.is_alive():  # not started, or ended: nothing else touches the engine now
+            return self.engine.snapshot()
+        future: Future[EngineSnapshot] = Future()
+
+        def answer() -> None:
+            try:
+                future.set_result(self.engine.snapshot())
+            except BaseException as exc:  # noqa: BLE001 - the asking thread raises it
+                future.set_exception(exc)
+
+        self._post(answer)
+        return future.result(timeout=SNAPSHOT_TIMEOUT_S)
 
     @property
     def n_waiting(self) -> int:
-        return self._n_arriving + self.engine.scheduler.n_waiting
+        """Requests waiting for a slot, the ones still in the inbox included (as last published)."""
+        with self._wake:
+            return self._n_arriving + self._n_queued
 
     # -- the engine thread ------------------------------------------------------------------
     def _post(self, command: Callable[[], None]) -> None:
@@ -128,8 +126,6 @@ class EngineThread:
             except Exception as exc:  # noqa: BLE001 - a cancel or probe must not take the engine down
                 self._report(exc)
             return
-        with self._wake:
-            self._n_arriving -= len(command.requests)
         try:
             self.engine.submit_group(command.requests, command.sinks)
         except QueueFullError as exc:  # the queue filled between the check and now
@@ -164,6 +160,14 @@ class EngineThread:
             except Exception as exc:  # noqa: BLE001 - keep serving; the failing step's requests get the error
                 self._report(exc)
                 self.engine.scheduler.fail_all(f"internal error: {exc}")
+            self._publish_queue(sum(len(c.requests) for c in commands if isinstance(c, _Submit)))
+
+    def _publish_queue(self, n_taken: int) -> None:
+        """How full the queue is now, with the submits just taken from the inbox moved into it."""
+        scheduler = self.engine.scheduler
+        with self._wake:
+            self._n_queued, self._n_free = scheduler.n_waiting, len(scheduler.pool.slots) - scheduler.pool.n_busy
+            self._n_arriving -= n_taken
 
     def _crashed(self, exc: BaseException) -> None:
         """The thread is ending on an error: fail whatever is in flight or waiting, so nobody hangs."""

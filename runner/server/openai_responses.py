@@ -13,16 +13,17 @@ import secrets
 import time
 from typing import Any
 
-from runner.chat_template import Message
-from runner.constraints import GrammarSpec
-from runner.sampling import SamplingParams
+from runner.prompt.chat_template import Message
+from runner.prompt.tools import Tool, ToolCall, ToolReading
+from runner.sampling.constraints import GrammarSpec
+from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
-from runner.server import protocol
+from runner.server import request_fields
 from runner.server.errors import invalid
-from runner.server.protocol import ChatParams, CommonParams, Field
+from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.responses import read_reply
-from runner.tools import Tool, ToolCall, ToolReading
+from runner.server.replies import read_reply
+from runner.server.request_fields import Field
 
 MAX_OUTPUT_TOKENS = Field("max_output_tokens", "integer", "most tokens in the reply", 1)
 PARALLEL_TOOL_CALLS = Field("parallel_tool_calls", "boolean", "allow several calls in one reply")
@@ -114,9 +115,9 @@ def _tools(value: Any) -> tuple[Tool, ...]:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
             raise invalid(f"tools[{i}]: only function tools are supported here, got {json.dumps(kind)}", f"tools[{i}]")
-        tools.append(protocol.function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"),
+        tools.append(request_fields.function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"),
                                             f"tools[{i}]"))
-    return protocol.distinct_tools(tools)
+    return request_fields.distinct_tools(tools)
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
@@ -127,7 +128,7 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
     else:
         raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
                       "tool_choice")
-    return protocol.checked_tool_choice(choice, value, tools)
+    return request_fields.checked_tool_choice(choice, value, tools)
 
 
 def _grammar(text: Any) -> GrammarSpec | None:
@@ -180,16 +181,18 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options", "invalid_type")
-    sampling = SamplingParams(temperature=protocol.SAMPLING["temperature"].read(body, _DEFAULTS.temperature),
-                              top_p=protocol.SAMPLING["top_p"].read(body, _DEFAULTS.top_p))
+    sampling = SamplingParams(temperature=request_fields.SAMPLING["temperature"].read(body, _DEFAULTS.temperature),
+                              top_p=request_fields.SAMPLING["top_p"].read(body, _DEFAULTS.top_p))
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     grammar = _grammar(body.get("text"))
     if tools and choice != "none" and grammar is not None:
         raise invalid("give text.format or tools, not both", "tools")
-    common = CommonParams(protocol.MODEL.read(body), sampling, MAX_OUTPUT_TOKENS.read(body), (),
-                          protocol.STREAM.read(body, False), False, None, False, grammar)
-    return ChatParams(common, turns, tools, choice, PARALLEL_TOOL_CALLS.read(body, True))
+    common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling,
+                          max_tokens=MAX_OUTPUT_TOKENS.read(body), stream=request_fields.STREAM.read(body, False),
+                          grammar=grammar)
+    return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
+                      parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True))
 
 
 def echoed(body: dict[str, Any], params: ChatParams) -> dict[str, Any]:

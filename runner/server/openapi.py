@@ -1,5 +1,5 @@
 """GET /openapi.json: the API as this server speaks it, built from the parser's own declarations
-(protocol.Field) so the document cannot drift from what is accepted; the fuzz test holds every
+(Field) so the document cannot drift from what is accepted; the fuzz test holds every
 response to it."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from runner import __version__
-from runner.chat_template import ROLES
-from runner.server import protocol
+from runner.prompt.chat_template import ROLES
+from runner.server import openai_params
+from runner.server.request_fields import Field
 
 ERROR_STATUSES = {"400": "bad input", "401": "missing or wrong API key", "403": "Host or Origin not allowed",
                   "404": "unknown model", "413": "body over --max-body-mb", "415": "not application/json",
@@ -31,8 +32,8 @@ MESSAGE = _object({
     "name": {"type": "string"},
 }, ["role"], extra=True)
 STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
-                                       "maxItems": protocol.MAX_STOP_STRINGS}]}
-STREAM_OPTIONS = _object({"include_usage": protocol.INCLUDE_USAGE.schema()}, [], extra=True)
+                                       "maxItems": openai_params.MAX_STOP_STRINGS}]}
+STREAM_OPTIONS = _object({"include_usage": openai_params.INCLUDE_USAGE.schema()}, [], extra=True)
 PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
 TOOLS = {"type": "array", "items": _object({
@@ -84,9 +85,9 @@ MODELS = _object({"object": {"type": "string", "enum": ["list"]}, "data": {"type
     "owned_by": {"type": "string"}}, ["id", "object", "created", "owned_by"])}}, ["object", "data"])
 
 
-def _request_body(fields: tuple[protocol.Field, ...], extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _request_body(fields: tuple[Field, ...], extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
     properties = {f.name: f.schema() for f in fields} | extra
-    # other properties are ignored, except OpenAI's that this server does not do (protocol.NOT_SUPPORTED):
+    # other properties are ignored, except OpenAI's that this server does not do (openai_params.NOT_SUPPORTED):
     # those get 400 unless their value asks for nothing
     return {"required": True, "content": {"application/json": {"schema": _object(properties, required, extra=True)}}}
 
@@ -109,12 +110,12 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
     api_errors = [s for s in ERROR_STATUSES if s != "401" or needs_key]
     get_errors = ["403"] + (["401"] if needs_key else [])
     chat_extra = {"messages": {"type": "array", "items": MESSAGE, "minItems": 1}, "stop": STOP,
-                  "stream_options": STREAM_OPTIONS, "logit_bias": protocol.LOGIT_BIAS_SCHEMA,
-                  "response_format": protocol.RESPONSE_FORMAT_SCHEMA, "grammar": protocol.GRAMMAR_FIELD.schema(),
+                  "stream_options": STREAM_OPTIONS, "logit_bias": openai_params.LOGIT_BIAS_SCHEMA,
+                  "response_format": openai_params.RESPONSE_FORMAT_SCHEMA, "grammar": openai_params.GRAMMAR_FIELD.schema(),
                   "tools": TOOLS, "tool_choice": TOOL_CHOICE, "parallel_tool_calls": {"type": "boolean"}}
     completion_extra = {"prompt": PROMPT, "stop": STOP, "stream_options": STREAM_OPTIONS,
-                        "logit_bias": protocol.LOGIT_BIAS_SCHEMA, "response_format": protocol.RESPONSE_FORMAT_SCHEMA,
-                        "grammar": protocol.GRAMMAR_FIELD.schema()}
+                        "logit_bias": openai_params.LOGIT_BIAS_SCHEMA, "response_format": openai_params.RESPONSE_FORMAT_SCHEMA,
+                        "grammar": openai_params.GRAMMAR_FIELD.schema()}
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "runner", "version": __version__,
@@ -122,11 +123,11 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
-                "requestBody": _request_body(protocol.CHAT_FIELDS, chat_extra, ["model", "messages"]),
+                "requestBody": _request_body(openai_params.CHAT_FIELDS, chat_extra, ["model", "messages"]),
                 "responses": _responses(CHAT_COMPLETION, True, api_errors)}},
             "/v1/completions": {"post": {
                 "operationId": "createCompletion",
-                "requestBody": _request_body(protocol.COMPLETION_FIELDS, completion_extra, ["model", "prompt"]),
+                "requestBody": _request_body(openai_params.COMPLETION_FIELDS, completion_extra, ["model", "prompt"]),
                 "responses": _responses(COMPLETION, True, api_errors)}},
             "/v1/models": {"get": {"operationId": "listModels", "responses": _responses(MODELS, False, get_errors)}},
             "/health": {"get": {"operationId": "health", "responses": {

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from runner.errors import RunnerError
-from runner.options import EngineOptions, add_flags, from_args
+from runner.config.options import EngineOptions, add_flags, from_args
+from runner.core.errors import RunnerError
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES
 from runner.server.reasoning import FORMATS
 
@@ -83,10 +83,11 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     """Serve until Ctrl-C or SIGTERM (in-flight work is cancelled); on_ready(url) runs once the port is bound."""
     import uvicorn
 
-    from runner.loaded_model import LoadedModel
-    from runner.server.app import ServerState, create_app
+    from runner.model.loaded_model import LoadedModel
+    from runner.server.app import create_app
     from runner.server.engine_thread import EngineThread
     from runner.server.guards import HostPolicy
+    from runner.server.state import ServerState
     from runner.server.uvicorn_server import CancellingServer
 
     if not args.max_body_mb > 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runner.options import N_UBATCH_MAX
+from runner.config.options import N_UBATCH_MAX
 from runner.runtime.micro_batches import Row, pad, split, with_junk
 
 MEMO_MAX = 50_000

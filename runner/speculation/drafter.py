@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from runner.sampling import Distribution, SamplingParams
+from runner.sampling.params import SamplingParams
+from runner.sampling.sampler import Distribution
 
 
 @dataclass

@@ -11,10 +11,10 @@ import dataclasses
 
 import numpy as np
 
-from runner.errors import ModelLoadError
+from runner.core.errors import ModelLoadError
 from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.llama import Batch, Context, ContextShape, Model
-from runner.sampling import Sampler
+from runner.sampling.sampler import Sampler
 from runner.speculation.drafter import DraftJob, register_drafter
 
 DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15

@@ -13,6 +13,7 @@ from enum import Enum
 from runner.runtime.micro_batches import Row
 from runner.scheduler.batch import BatchPlan, BatchRow
 from runner.scheduler.slots import SlotState
+from runner.scheduler.snapshot import DraftCounts, SlotDrafts
 from runner.speculation.auto_policy import (
     PROBE_MAX_EXTRA,
     AutoDecision,
@@ -110,6 +111,10 @@ class Speculator:
     @property
     def n_accepted(self) -> int:
         return sum(sum(r.accepted) for r in self.records.values())
+
+    def counts(self) -> DraftCounts:
+        slots = tuple(SlotDrafts(s.k, s.n_proposed, s.n_accepted) for s in self.slots)
+        return DraftCounts(self.drafter.name, self.n_proposed, self.n_accepted, slots)
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""

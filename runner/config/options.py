@@ -1,0 +1,102 @@
+"""Engine options, each declared once: the dataclass field drives the CLI flag and the default."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from runner.sampling.params import SamplingParams
+
+T = TypeVar("T")
+# KV cache types: bytes per stored value (ggml block sizes); llama.py maps each name to its ggml type
+KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+DEFAULT_MAX_TOKENS = 1024  # a reply's length when nobody says (also never past the slot's context)
+N_UBATCH_MAX = 512  # llama.cpp runs a batch in micro-batches of at most this many tokens (its n_ubatch)
+
+
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """Cores, not hardware threads: llama.cpp's decode gains nothing from a core's second thread.
+    From /proc/cpuinfo's (physical id, core id) pairs where there are any, else os.cpu_count()."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return os.cpu_count() or 1
+    cores, package = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            package = value.strip()
+        elif key.strip() == "core id":
+            cores.add((package, value.strip()))
+    return len(cores) or os.cpu_count() or 1
+
+
+def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)")
+    ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
+    batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
+    threads: int = _opt(physical_cores(), "CPU threads for llama.cpp (default: this machine's physical cores)")
+    n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
+    max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
+                                 "context)")
+    max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
+    kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
+    draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
+    draft_max: int = _opt(4, "most tokens drafted per slot and step")
+    spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
+                         "default auto when a drafter is set", choices=("", "auto", "on", "off"))
+    jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "
+                                   "continuation, decode those tokens in one step", choices=("on", "off"))
+    batch_invariant: str = _opt("off", "on: where llama.cpp's kernels would make a token's logits depend on what "
+                                       "shares its step (F16/F32 weights on x86, found by a probe at load), pad "
+                                       "batches so greedy output is the same alone, under load and with "
+                                       "speculation (costs such models up to 1.7x single-stream speed); off: never "
+                                       "pad (quantized models are batch-invariant either way)", choices=("off", "on"))
+
+
+SAMPLING_HELP = {
+    "temperature": "sampling temperature (0: greedy)",
+    "top_k": "keep the k most likely tokens (0: off)",
+    "top_p": "nucleus sampling threshold (1: off)",
+    "min_p": "drop tokens below min-p x the top probability (0: off)",
+    "repeat_penalty": "penalty for tokens among the last repeat-last-n (1: off)",
+    "repeat_last_n": "how many recent tokens the repeat penalty looks at",
+    "presence_penalty": "OpenAI presence penalty",
+    "frequency_penalty": "OpenAI frequency penalty",
+    "seed": "random seed (same seed, same output)",
+}
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, Any] | None = None) -> None:
+    """One flag per dataclass field; `overrides` changes a default for this command only."""
+    overrides = overrides or {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli") is False:
+            continue
+        default = overrides.get(f.name, f.default)
+        kind = type(f.default) if f.default is not None else int
+        help_text = f.metadata.get("help") or SAMPLING_HELP.get(f.name, "")
+        parser.add_argument(_flag(f), dest=f.name, type=kind, default=default, choices=f.metadata.get("choices"),
+                            help=f"{help_text} (default: {default})")
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                  if f.metadata.get("cli") is not False})
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return from_args(SamplingParams, args)

@@ -1,0 +1,1 @@
+"""Shared by every part: the error types."""

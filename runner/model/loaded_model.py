@@ -1,0 +1,220 @@
+"""A model made ready to generate: file resolved and checked, memory planned, engine built."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from runner.catalog.catalog import ModelRef
+from runner.catalog.hub import parse_hub_ref
+from runner.catalog.store import ModelStore
+from runner.config.options import EngineOptions
+from runner.model.model_facts import ModelFacts
+from runner.prompt.chat_template import (
+    ChatTemplate,
+    Message,
+    TemplateError,
+    TemplateLimitError,
+)
+from runner.prompt.tools import Tool
+from runner.runtime.calibration import measure
+from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key
+from runner.runtime.draft_agreement import measure_agreement
+from runner.runtime.embeddings import Embedder
+from runner.runtime.gguf_file import GgufInfo, read_gguf
+from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread
+from runner.runtime.memory_plan import MemoryPlan
+from runner.runtime.model_runner import ModelRunner
+from runner.sampling.constraints import Constraint, GrammarSpec, compile_constraint
+from runner.scheduler.engine import Engine
+from runner.scheduler.scheduler import Scheduler
+from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.speculation.cost_model import ShapeCosts, StepCosts
+from runner.speculation.drafter import make_drafter
+from runner.speculation.model_drafter import check_same_vocab_header
+from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
+
+CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+class LoadedModel:
+    """Owns the Model and the ModelRunner (free order: runner's context, then the model)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        options: EngineOptions | None = None,
+        store: ModelStore | None = None,
+        log: Callable[[str], None] = _stderr,
+    ) -> None:
+        self.options = options or EngineOptions()
+        store = store or ModelStore()
+        self.path, ref = store.resolve(str(model))
+        # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
+        self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
+        self.info: GgufInfo = read_gguf(self.path)
+        self.memory_plan = MemoryPlan.for_model(self.info, self.options)
+        self.memory_plan.check()
+        log(self.memory_plan.describe())
+        self.model = Model(self.path, self.options.n_gpu_layers)
+        try:
+            self.template = ChatTemplate.for_model(
+                self.model.chat_template,
+                self.model.token_text(self.model.bos_id) if self.model.bos_id >= 0 else "",
+                self.model.token_text(self.model.eos_id) if self.model.eos_id >= 0 else "",
+            )
+            shape = ContextShape(
+                n_seq=self.options.parallel,
+                n_ctx_per_seq=self.options.ctx_size,
+                n_batch=self.options.batch_size,
+                n_threads=self.options.threads,
+                kv_unified=False,  # one KV stream per slot: measured identical to single-sequence output
+                kv_type=self.options.kv_type,
+            )
+            self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
+            self.facts = ModelFacts(self.model, self.template, self.options.ctx_size, self.options.parallel,
+                                    self.options.max_tokens)
+        except BaseException:
+            self.model.close()
+            raise
+        scheduler = Scheduler(
+            self.options.parallel, self.options.ctx_size, self.options.batch_size, self.options.max_queue, self.runner
+        )
+        try:
+            self.speculator = self._speculator(store, ref, shape, log)
+        except BaseException:
+            self.runner.close()
+            self.model.close()
+            raise
+        self.engine = Engine(self.runner, scheduler, self.model, self.speculator,
+                             jump_forward=self.options.jump_forward == "on")
+        self._embedder: Embedder | None = None
+        self._embedder_lock = threading.Lock()
+
+    def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
+                    log: Callable[[str], None]) -> Speculator | None:
+        """The drafter named by --draft (or the catalog's pairing when --spec asks for one)."""
+        opts = self.options
+        draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
+        mode = SpecMode(opts.spec or ("auto" if draft else "off"))
+        if not draft or mode is SpecMode.OFF:
+            return None
+        target_costs = None
+        if mode is SpecMode.AUTO:
+            target_costs = self._costs(store, self.path, self.runner.context, log)
+        draft_costs, prior = None, PRIOR_ACCEPT
+        if draft == "ngram":
+            drafter = make_drafter("ngram")
+        else:
+            draft_path, draft_ref = store.resolve(draft)
+            draft_info = read_gguf(draft_path)
+            check_same_vocab_header(self.info, draft_info)
+            both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts))
+            both.check()
+            log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
+            draft_model = Model(draft_path, opts.n_gpu_layers)
+            try:
+                drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
+            except BaseException:
+                draft_model.close()
+                raise
+            if target_costs:
+                draft_costs = self._costs(store, draft_path, drafter.context, log)
+                prior = self._agreement(store, draft_path, drafter.context, log)
+        costs = None
+        if target_costs:
+            costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)
+        log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
+        return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
+
+    def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
+        opts, shape = self.options, context.shape
+        key = calibration_key(path, opts.threads, opts.n_gpu_layers, shape.n_seq, shape.n_ubatch)
+
+        def calibrate() -> dict:
+            log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
+            return in_scratch_thread(lambda: measure(context))
+
+        return ShapeCosts.from_json(cached_json(store.root, key, calibrate))
+
+    def _agreement(self, store: ModelStore, draft_path: Path, draft_context: Context,
+                   log: Callable[[str], None]) -> float:
+        """How often the draft's top token is the target's (auto's starting acceptance), cached per pair."""
+        def measure_pair() -> float | None:
+            log(f"measuring how often {draft_path.name} agrees with {self.path.name} (once per pair)")
+            return in_scratch_thread(lambda: measure_agreement(self.runner.context, draft_context))
+
+        agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
+        return PRIOR_ACCEPT if agreement is None else agreement
+
+    def compile_constraint(self, spec: GrammarSpec) -> Constraint:
+        """A fresh grammar state for one request (ConstraintError if the schema or grammar cannot compile)."""
+        return compile_constraint(spec, self.model.guidance_tokenizer, self.model.n_vocab)
+
+    def warm_up(self) -> None:
+        """What a first request would otherwise wait for: the vocabulary scan behind
+        facts.check_text_fits, the template's first render (and the server's worker thread that runs this)."""
+        self.facts.check_text_fits(0)
+        with contextlib.suppress(TemplateError, TemplateLimitError):  # (such a template answers requests the same)
+            self.chat_prompt_ids([Message("user", "warm-up")])
+
+    def chat_prompt_ids(self, messages: list[Message], tools: list[Tool] | None = None) -> tuple[int, ...]:
+        """Render the chat template and tokenize it (specials parsed; BOS added only if missing).
+
+        Only the template's own text may produce special tokens: a message that spells one (a
+        user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text."""
+        if any(s in m.content for m in messages for s in self.model.special_texts):
+            return self._chat_prompt_ids_with_plain_contents(messages, tools)
+        text = self.template.render(messages, tools=tools)
+        return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
+
+    def _adds_bos(self, text: str) -> bool:
+        bos = self.template.bos_token
+        return not (bos and text.startswith(bos))
+
+    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message],
+                                             tools: list[Tool] | None = None) -> tuple[int, ...]:
+        """The template rendered around placeholders; its text parsed for specials, contents not.
+
+        NOTE: a template that rewrites contents (strip, split) sees the placeholders instead."""
+        marked = self.template.render([dataclasses.replace(m, content=f"{CONTENT_MARK}{i}{CONTENT_MARK}")
+                                       for i, m in enumerate(messages)], tools=tools)
+        parts = marked.split(CONTENT_MARK)  # template text, content index, template text, ...
+        ids = self.model.tokenize("", add_special=self._adds_bos(marked), parse_special=True)  # BOS, if any
+        for j, part in enumerate(parts):
+            if j % 2:
+                ids += self.model.tokenize(messages[int(part)].content, add_special=False, parse_special=False)
+            elif part:
+                ids += self.model.tokenize(part, add_special=False, parse_special=True)
+        return tuple(ids)
+
+    def text_prompt_ids(self, text: str) -> tuple[int, ...]:
+        return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
+
+    def embedder(self) -> Embedder:
+        """The embedding context, made on first use (its KV costs as much as a slot's): its own
+        llama.cpp context on the same weights, so embeddings never wait behind generation."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                n_ctx = min(self.options.ctx_size, self.model.n_ctx_train or self.options.ctx_size)
+                self._embedder = Embedder(self.model, n_ctx, self.options.threads)
+            return self._embedder
+
+    def embedding_ids(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=True, parse_special=False)
+
+    def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+        if self.speculator is not None:
+            self.speculator.drafter.close()  # the draft before the target
+        self.runner.close()
+        self.model.close()

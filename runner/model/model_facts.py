@@ -1,0 +1,67 @@
+"""What the faces may ask of a loaded model, and nothing more: vocabulary bounds, token bytes, the
+template's stop strings and tool syntax, and the one check that a prompt fits a slot.
+
+The server reads a model only through this object (not through `loaded.model` or
+`loaded.template`), so that what it depends on stays small and the engine's objects stay the
+engine thread's."""
+
+from __future__ import annotations
+
+from runner.prompt.chat_template import ChatTemplate
+from runner.prompt.tools import HERMES, syntax_of
+from runner.runtime.llama import Model
+from runner.scheduler.scheduler import PromptTooLongError
+
+
+class TokenIdError(ValueError):
+    """A token id outside the model's vocabulary."""
+
+
+class ModelFacts:
+    def __init__(self, model: Model, template: ChatTemplate, ctx_size: int, n_slots: int,
+                 default_max_tokens: int) -> None:
+        self._model = model
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd
+        self.ctx_size = ctx_size  # tokens per slot
+        self.n_slots = n_slots
+        self.default_max_tokens = default_max_tokens
+        self.stop = template.stop  # the template's own stop strings (chat replies)
+        self.tool_syntax = syntax_of(template.source) if template.knows_tools else HERMES
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._model.token_bytes(token_id)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self._model.detokenize(token_ids)
+
+    def single_token_id(self, text: str) -> int | None:
+        """The id of the one token that spells `text` (a special tag such as <think>), if there is one."""
+        ids = self._model.tokenize(text, add_special=False, parse_special=True)
+        return ids[0] if len(ids) == 1 and self._model.token_bytes(ids[0]) == text.encode() else None
+
+    def check_text_fits(self, n_chars: int) -> None:
+        """Refuse, before tokenizing, text that cannot fit a slot: every token stands for at most
+        max_token_bytes bytes, and a character is at least one."""
+        n_min_tokens = n_chars // self._model.max_token_bytes
+        if n_min_tokens >= self.ctx_size:
+            raise PromptTooLongError(f"the prompt has {n_chars} characters, at least {n_min_tokens} tokens, but a "
+                                     f"slot's context holds {self.ctx_size}; raise --ctx-size or shorten it")
+
+    def check_token_ids(self, token_ids: tuple[int, ...] | list[int]) -> None:
+        if any(t < 0 or t >= self.n_vocab for t in token_ids):
+            raise TokenIdError(f"token ids must be in [0, {self.n_vocab})")
+
+    def check_prompt(self, n_prompt: int) -> None:
+        """A prompt no slot can hold (or an empty one) is refused here, once, before it is queued."""
+        if n_prompt == 0:
+            raise PromptTooLongError("the prompt is empty: at least one token is needed")
+        if n_prompt >= self.ctx_size:
+            raise PromptTooLongError(
+                f"the prompt has {n_prompt} tokens but a slot's context holds {self.ctx_size} "
+                f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
+            )
+
+    def room_after(self, n_prompt: int) -> int:
+        """Tokens a reply can take after a prompt this long."""
+        return self.ctx_size - n_prompt

@@ -1,0 +1,1 @@
+"""The prompt: chat templates and the tool-call syntaxes they speak."""

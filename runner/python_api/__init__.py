@@ -1,0 +1,1 @@
+"""The Python API (runner.Runner): generate in the caller's thread."""

@@ -1,0 +1,183 @@
+"""The Python API: generate in the caller's thread by stepping the engine until the reply ends.
+
+    from runner import Runner
+    with Runner("smollm2-135m-instruct", parallel=1) as r:
+        print(r.chat([{"role": "user", "content": "Hi"}], temperature=0))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runner.config.options import EngineOptions
+from runner.model.loaded_model import LoadedModel
+from runner.model.request_builder import (
+    beam_requests,
+    choice_requests,
+    generation_request,
+    reply_length,
+)
+from runner.prompt.chat_template import Message
+from runner.sampling.constraints import Constraint, GrammarSpec
+from runner.sampling.params import SamplingParams
+from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
+
+_ids = itertools.count(1)
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+@dataclass(frozen=True)
+class BeamReply:
+    text: str
+    logprob: float  # the model's summed log-probability of its tokens
+    finish_reason: str  # "stop" (end of generation) or "length"
+
+
+def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
+    return [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in messages]
+
+
+class Runner:
+    def __init__(self, model: str | Path = "smollm2-135m-instruct", log: Any = None, **options: Any) -> None:
+        engine_options = EngineOptions(**{"parallel": 1, **options})
+        kwargs = {"log": log} if log is not None else {}
+        self.loaded = LoadedModel(model, engine_options, **kwargs)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: tuple[str, ...] = (),
+        json_schema: dict | str | None = None, grammar: str | None = None, **sampling: Any
+    ) -> GenerationRequest:
+        """max_tokens: EngineOptions.max_tokens when not given (0: nothing; never past the slot's context).
+        json_schema (a dict or JSON text; {} or {"type": "object"}: any object) or grammar (Lark or GBNF):
+        what the reply must follow (ConstraintError if it cannot compile)."""
+        unknown = set(sampling) - _SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        facts = self.loaded.facts
+        length = reply_length(max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
+        return generation_request(f"api-{next(_ids)}", prompt_ids, SamplingParams(**sampling), length, tuple(stop),
+                                  self._constraint(json_schema, grammar))
+
+    def _constraint(self, json_schema: dict | str | None, grammar: str | None) -> Constraint | None:
+        if json_schema is not None and grammar is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        if json_schema is not None:
+            text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+            return self.loaded.compile_constraint(GrammarSpec("json_schema", text, "json_schema"))
+        if grammar is not None:
+            return self.loaded.compile_constraint(GrammarSpec("gbnf", grammar, "grammar"))
+        return None
+
+    def stream(self, request: GenerationRequest) -> Iterator[StreamEvent]:
+        """Yield events as the engine produces them; closing the iterator cancels the request."""
+        engine = self.loaded.engine
+        events: list[StreamEvent] = []
+        engine.submit(request, events.append)
+        finished = False
+        try:
+            while not finished:
+                engine.step()
+                while events:
+                    event = events.pop(0)
+                    finished = finished or event.is_final
+                    yield event
+        finally:
+            if not finished:
+                engine.cancel(request.request_id)
+                while engine.has_work:
+                    engine.step()
+
+    def stream_chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> Iterator[StreamEvent]:
+        prompt_ids = self.loaded.chat_prompt_ids(_messages(messages))
+        kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
+        return self.stream(self.request(prompt_ids, **kwargs))
+
+    def chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> str:
+        return "".join(e.text for e in self.stream_chat(messages, **kwargs))
+
+    def complete(self, prompt: str, **kwargs: Any) -> str:
+        request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
+        return "".join(e.text for e in self.stream(request))
+
+    def _prompt_ids(self, prompt: str | list[dict[str, str]] | list[Message]) -> tuple[int, ...]:
+        """A text prompt as is; messages through the chat template."""
+        if isinstance(prompt, str):
+            return self.loaded.text_prompt_ids(prompt)
+        return self.loaded.chat_prompt_ids(_messages(prompt))
+
+    def _run_group(self, requests: list[GenerationRequest]) -> list[list[StreamEvent]]:
+        out: list[list[StreamEvent]] = [[] for _ in requests]
+        engine = self.loaded.engine
+        engine.submit_group(requests, [events.append for events in out])
+        while engine.has_work:
+            engine.step()
+        return out
+
+    def choices(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 2, best_of: int | None = None,
+                **kwargs: Any) -> list[str]:
+        """n replies to one prompt (computed once; choice i samples with seed + i). With best_of,
+        that many are generated and the n with the highest mean token logprob returned, best first.
+        Needs parallel >= n (or best_of)."""
+        count = best_of or n
+        if not 1 <= n <= count <= self.loaded.options.parallel:
+            raise ValueError(f"need 1 <= n <= best_of <= parallel ({self.loaded.options.parallel})")
+        if not isinstance(prompt, str):
+            kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
+        first = dataclasses.replace(self.request(self._prompt_ids(prompt), **kwargs), n_top_logprobs=0)
+        constraints = [first.constraint] + [self._constraint(kwargs.get("json_schema"), kwargs.get("grammar"))
+                                            for _ in range(count - 1)]
+        requests = choice_requests(first, constraints)
+        replies = []
+        for events in self._run_group(requests):
+            logprobs = [lp.logprob for e in events for lp in e.logprobs]
+            replies.append((sum(logprobs) / max(1, len(logprobs)), "".join(e.text for e in events)))
+        if best_of is None:
+            return [text for _, text in replies]
+        return [text for _, text in sorted(replies, key=lambda r: -r[0])[:n]]
+
+    def score(self, text: str) -> list[tuple[str, float | None]]:
+        """Each token of `text` with its log-probability given the ones before it (the first: None)."""
+        ids = self.loaded.text_prompt_ids(text)
+        (events,) = self._run_group([GenerationRequest(f"api-{next(_ids)}", ids, max_tokens=0, prompt_logprobs=0)])
+        scored = [lp.logprob for e in events for lp in e.prompt_logprobs]
+        token = self.loaded.facts.token_bytes
+        return [(token(t).decode("utf-8", "replace"), lp) for t, lp in zip(ids, [None, *scored], strict=True)]
+
+    def beam_search(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 4,
+                    max_tokens: int | None = None, length_penalty: float = 1.0,
+                    early_stopping: bool = False) -> list[BeamReply]:
+        """The n best continuations by beam search (a text prompt as is, messages through the chat
+        template), best first. Needs n slots: open the Runner with parallel >= n."""
+        if n < 2 or n > self.loaded.options.parallel:
+            raise ValueError(f"beam search needs 2 <= n <= parallel ({self.loaded.options.parallel}); got {n}")
+        requests = beam_requests(self.request(self._prompt_ids(prompt), max_tokens), n,
+                                 BeamParams(length_penalty, early_stopping))
+        finals = self._run_group(requests)
+        return [BeamReply(e.text, sum(lp.logprob for lp in e.logprobs),
+                          "length" if e.finish_reason is not None and e.finish_reason.value == "length" else "stop")
+                for e in (out[-1] for out in finals) if e.error is None]
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        """One unit-length vector per text, (len(texts), dimensions): the model's own pooling for an
+        embedding model, else the mean of its last hidden states (on a context of its own)."""
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch or any(not t for t in batch):
+            raise ValueError("embed() needs non-empty texts")
+        return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
+
+    def close(self) -> None:
+        self.loaded.close()

@@ -1,0 +1,279 @@
+"""Constrained decoding: a request's grammar (a JSON schema, any JSON object, Lark or GBNF) compiled
+by llguidance into a per-request matcher that masks the sampler's logits rows.
+
+The matcher advances with every token the request commits (the sampler's accept), so a
+speculative row is verified position by position against the masked distribution: drafts stay
+lossless. Only what cannot be continued is masked; no token the grammar allows is ever lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from runner.core.errors import RunnerError
+
+KINDS = ("json_schema", "json_object", "lark", "gbnf")
+# JSON on one line with the usual separators: no run-away whitespace, and the keys and punctuation
+# between values are forced (jump-forward decodes them in one step)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ConstraintError(RunnerError):
+    """A schema or grammar that cannot be compiled (or a token it cannot take)."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request asked its reply to follow, as plain data (parsed at the edge)."""
+
+    kind: str  # one of KINDS
+    source: str  # the JSON schema as JSON text, or the grammar's text
+    param: str  # the request parameter it came from, for errors ("response_format", "grammar")
+
+
+@functools.lru_cache(maxsize=128)
+def grammar_text(kind: str, source: str) -> str:
+    """llguidance's grammar for a spec (cached: a repeated schema is translated once)."""
+    import llguidance
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema(source or json.dumps({"type": "object"}),
+                                                             defaults=JSON_LAYOUT)
+    if kind == "json_schema":
+        return llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
+    if kind == "gbnf":
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
+    return llguidance.LLMatcher.grammar_from_lark(source)
+
+
+def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Constraint:
+    """A fresh matcher for one request; ConstraintError (with llguidance's reason) if it cannot compile."""
+    import llguidance
+
+    try:
+        grammar = grammar_text(spec.kind, spec.source)
+    except Exception as exc:  # noqa: BLE001 - the translators raise assorted errors on bad input
+        raise ConstraintError(f"{spec.param}: {exc}") from None
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"{spec.param}: {matcher.get_error()}")
+    return Constraint(matcher, n_vocab, (tokenizer.vocab_size + 31) // 32)
+
+
+_executor: Any = None  # llguidance's thread pool, made on first use
+
+
+def prefetch_masks(constraints: list[AnyConstraint]) -> None:
+    """Compute the next mask of several requests at once on llguidance's thread pool, so the
+    step's serial Python does not grow by a mask per constrained slot."""
+    global _executor
+    constraints = [c.current for c in constraints]
+    if len(constraints) < 2:
+        return
+    import llguidance
+
+    if _executor is None:
+        _executor = llguidance.LLExecutor()
+    n_words = constraints[0].n_mask_words
+    masks = np.full((len(constraints), n_words), -1, dtype=np.int32)
+    _executor.unsafe_compute_mask_ptr([(c.matcher, i) for i, c in enumerate(constraints)], masks.ctypes.data,
+                                      n_words * 4, len(constraints))
+    for constraint, mask in zip(constraints, masks):
+        constraint.next_bits = mask.view(np.uint8)
+
+
+class Constraint:
+    """One request's grammar state (an llguidance LLMatcher): masks, advances, forces."""
+
+    def __init__(self, matcher: Any, n_vocab: int, n_mask_words: int) -> None:
+        self.matcher = matcher
+        self._n_vocab = n_vocab
+        self.n_mask_words = n_mask_words  # 32-bit words of llguidance's token mask
+        self.next_bits: np.ndarray | None = None  # the mask for the current state, when prefetch_masks made it
+
+    def allowed(self) -> np.ndarray:
+        """A bool per token: may it come next?"""
+        bits = self.next_bits
+        if bits is None:
+            bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self._n_vocab].astype(bool)
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        """Set the logits of every token the grammar forbids next to -inf (in place)."""
+        logits[~self.allowed()] = -np.inf
+
+    def advance(self, token_id: int) -> None:
+        self.next_bits = None  # it was the mask before this token
+        if not self.matcher.consume_token(token_id):
+            raise ConstraintError(f"the grammar cannot take token {token_id}: {self.matcher.get_error()}")
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        """How many leading token_ids the grammar would take from here (drafts past that are cut)."""
+        return self.matcher.validate_tokens(token_ids) if token_ids else 0
+
+    @property
+    def is_active(self) -> bool:
+        return True
+
+    @property
+    def current(self) -> Constraint:
+        """The matcher-backed constraint in force (itself; a LazyConstraint's once triggered)."""
+        return self
+
+    def forced_tokens(self) -> list[int]:
+        """Tokens the grammar allows as the only continuation from here (jump-forward)."""
+        return list(self.matcher.compute_ff_tokens())
+
+    @property
+    def is_done(self) -> bool:
+        """Nothing but end-of-text may follow."""
+        return bool(self.matcher.is_stopped())
+
+
+class DeferredConstraint:
+    """A grammar that holds from some point of the reply on: before `active` is set nothing is
+    masked and tokens go to `_watch`, which decides when the grammar starts."""
+
+    def __init__(self) -> None:
+        self.active: Constraint | None = None
+
+    @property
+    def is_active(self) -> bool:
+        return self.active is not None
+
+    @property
+    def current(self) -> Constraint:
+        assert self.active is not None
+        return self.active
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        if self.active is not None:
+            self.active.mask_into(logits)
+
+    def advance(self, token_id: int) -> None:
+        if self.active is not None:
+            self.active.advance(token_id)
+        else:
+            self._watch(token_id)
+
+    def _watch(self, token_id: int) -> None:
+        raise NotImplementedError
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        return self.active.n_valid(token_ids) if self.active is not None else len(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return self.active.forced_tokens() if self.active is not None else []
+
+    @property
+    def is_done(self) -> bool:
+        return self.active is not None and self.active.is_done
+
+
+class LazyConstraint(DeferredConstraint):
+    """A grammar that starts where the reply starts a trigger (a tool call, with tool_choice auto):
+    before it nothing is masked, so text replies are not slowed; from the token the trigger begins
+    at, the grammar takes every token. A trigger that begins inside a token, or text the grammar
+    refuses, leaves the reply unconstrained (it is still read for calls when it ends)."""
+
+    def __init__(self, trigger: str, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes]) -> None:
+        super().__init__()
+        self._trigger = trigger.encode()
+        self._make = make
+        self._token_bytes = token_bytes
+        self._text = bytearray()
+        self._starts: list[int] = []  # byte offset of each committed token in _text
+        self._ids: list[int] = []
+        self._gave_up = False
+
+    def _watch(self, token_id: int) -> None:
+        if self._gave_up:
+            return
+        old_len = len(self._text)
+        self._starts.append(old_len)
+        self._ids.append(token_id)
+        self._text += self._token_bytes(token_id)
+        # only the new token's bytes (and a trigger's length before them) can complete the trigger
+        at = self._text.find(self._trigger, max(0, old_len - len(self._trigger) + 1))
+        if at < 0:
+            return
+        if at not in self._starts:
+            self._gave_up = True
+            return
+        constraint = self._make()
+        try:
+            for t in self._ids[self._starts.index(at):]:
+                constraint.advance(t)
+        except ConstraintError:
+            self._gave_up = True
+            return
+        self.active = constraint
+
+
+class ReasoningGate(DeferredConstraint):
+    """A reasoning model's grammar, applied after its thinking: the reply may open with the think
+    token and think freely until the closing tag, and the grammar takes over from the next token.
+    If the template already opened the tag (`starts_inside`), the reply begins thinking; else the
+    first token is the grammar's or the think token. A close tag that ends inside a token leaves
+    the reply unconstrained (as a LazyConstraint's misplaced trigger does)."""
+
+    def __init__(self, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes], think_id: int,
+                 close: str = "</think>", starts_inside: bool = False) -> None:
+        super().__init__()
+        self._make = make
+        self._token_bytes = token_bytes
+        self._think_id = think_id
+        self._close = close.encode()
+        self._thought = bytearray()
+        self._gave_up = False
+        self.active = None if starts_inside else make()
+        self._may_think = not starts_inside  # the first token: the grammar's, or the think token
+        self._thinking = starts_inside
+
+    def mask_into(self, logits: np.ndarray) -> None:
+        if self.active is None:
+            return
+        think = logits[self._think_id]
+        self.active.mask_into(logits)
+        if self._may_think:
+            logits[self._think_id] = think
+
+    def advance(self, token_id: int) -> None:
+        if self._may_think:
+            self._may_think = False
+            if token_id == self._think_id:
+                self.active, self._thinking = None, True
+                return
+        super().advance(token_id)
+
+    def _watch(self, token_id: int) -> None:
+        if not self._thinking or self._gave_up:
+            return
+        self._thought += self._token_bytes(token_id)
+        at = self._thought.find(self._close)
+        if at < 0:
+            return
+        self._thinking = False
+        if at + len(self._close) != len(self._thought):
+            self._gave_up = True  # the tag ended inside a token: nothing to start the grammar at
+            return
+        self.active = self._make()
+
+    def n_valid(self, token_ids: list[int]) -> int:
+        if self._may_think and token_ids and token_ids[0] == self._think_id:
+            return 1  # (what follows the think token is thinking: the next step drafts it again)
+        return super().n_valid(token_ids)
+
+    def forced_tokens(self) -> list[int]:
+        return [] if self._may_think else super().forced_tokens()
+
+
+# what a request may carry as its grammar
+AnyConstraint = Constraint | DeferredConstraint

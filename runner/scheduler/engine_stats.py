@@ -1,0 +1,37 @@
+"""The engine's counters, and the one place a step's work is counted (`EngineStats.record`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runner.scheduler.batch import BatchPlan
+from runner.scheduler.step_times import StepTimes
+
+
+@dataclass
+class EngineStats:
+    n_requests: int = 0
+    n_prompt_tokens: int = 0  # prompt tokens computed (not reused)
+    n_cached_prompt_tokens: int = 0
+    n_generated_tokens: int = 0  # sampled by the target, accepted drafts included
+    n_steps: int = 0
+    decode_s: float = 0.0
+    n_forced_tokens: int = 0  # put in rows by jump-forward (constrained requests)
+    step_times: StepTimes = field(default_factory=StepTimes)  # the scheduler's: it plans prefills by them
+
+    def record(self, plan: BatchPlan, decode_s: float) -> None:
+        """Count a step whose rows were decoded (in decode_s) and sampled: one pass over its rows."""
+        self.n_steps += 1
+        self.decode_s += decode_s
+        self.step_times.observe(plan.n_tokens, decode_s)
+        for row in plan.rows:
+            if row.n_logits > row.n_prompt_logits:  # the target sampled a token (and accepted n_accepted drafts)
+                self.n_generated_tokens += 1 + row.n_accepted
+            if row.is_forced:
+                self.n_forced_tokens += len(row.draft_ids)
+            if row.is_prompt:
+                self.n_prompt_tokens += len(row.token_ids)
+                # the request's first chunk: the prompt before it came from a cache (the slot keeps that
+                # count after its request ends, as it may have in this step)
+                if row.first_pos == row.slot.n_prompt_reused:
+                    self.n_cached_prompt_tokens += row.slot.n_prompt_reused

@@ -1,0 +1,201 @@
+"""From a dialect's parsed parameters to the engine's GenerationRequests: the template and
+tokenizer, the prompt-fits check, the reply's grammar (response format, tools, reasoning), the
+choices and their seeds. Chat requests take this one path whichever API asked (Chat Completions,
+Responses, Messages); text completions share its parts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+
+from runner.model.model_facts import TokenIdError
+from runner.model.request_builder import (
+    choice_requests,
+    generation_request,
+    new_request_id,
+    reply_length,
+)
+from runner.prompt.chat_template import TemplateError, TemplateLimitError
+from runner.prompt.tools import TRIGGERS, ToolReading, call_grammar
+from runner.sampling.constraints import (
+    JSON_LAYOUT,
+    AnyConstraint,
+    Constraint,
+    ConstraintError,
+    GrammarSpec,
+    LazyConstraint,
+    ReasoningGate,
+)
+from runner.scheduler.request import GenerationRequest
+from runner.scheduler.scheduler import PromptTooLongError
+from runner.server.errors import ApiError, invalid
+from runner.server.params import ChatParams, CommonParams, CompletionParams
+from runner.server.reasoning import CLOSE as REASONING_CLOSE
+from runner.server.reasoning import OPEN as REASONING_OPEN
+from runner.server.reasoning import ReasoningSplitter
+from runner.server.state import ServerState
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat turn made ready for the engine, whichever dialect asked for it."""
+
+    gens: list[GenerationRequest]  # one per choice (n), each with its own constraint state and seed
+    common: CommonParams  # the request's parameters, with the tools' grammar where they need one
+    reading: ToolReading | None  # how to read tool calls back from the reply (None: no tools)
+
+    @property
+    def gen(self) -> GenerationRequest:
+        return self.gens[0]
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A text completion made ready for the engine."""
+
+    gens: list[GenerationRequest]  # best_of of them (n when no best_of)
+    common: CommonParams
+    echo: tuple[str, tuple[int, ...]] | None  # the prompt's text and ids, when echoed
+
+
+async def chat_request(state: ServerState, params: ChatParams, prefix: str) -> ChatRequest:
+    """Template and tokenize the messages (with the tools), compile the reply's grammar."""
+    check_n(state, params.common.n)
+    prompt_ids, tools, reading, common = await _chat_prompt(state, params, prefix)
+    reasoning = reasoning_splitter(state, prompt_ids)
+    constraints = [await _chat_constraint(state, params, common, reading, reasoning) for _ in range(common.n)]
+    first = _generation_request(state, prefix, prompt_ids, common, state.facts.stop, constraints[0])
+    return ChatRequest(choice_requests(first, constraints), common, reading)
+
+
+async def count_chat_tokens(state: ServerState, params: ChatParams, prefix: str) -> int:
+    """The prompt's length in tokens, as chat_request would compute it (nothing is queued)."""
+    prompt_ids, *_ = await _chat_prompt(state, params, prefix)
+    return len(prompt_ids)
+
+
+async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
+                       ) -> tuple[tuple[int, ...], list, ToolReading | None, CommonParams]:
+    """The prompt's ids, the tools offered, how calls are read back, and the parameters with the
+    tools' grammar (a call once the reply starts one, or at once when one is required)."""
+    check_fits(state, sum(len(m.content) for m in params.messages), _prompt_param(prefix))
+    tools = list(params.tools) if params.tool_choice != "none" else []
+    try:
+        prompt_ids = await run_in_threadpool(state.loaded.chat_prompt_ids, params.messages, tools or None)
+    except TemplateLimitError as exc:  # the model's template, not the request, is at fault
+        raise ApiError(500, str(exc), "server_error", code="template_limit") from None
+    except TemplateError as exc:
+        raise invalid(str(exc), "messages", "invalid_messages") from None
+    reading, common = None, params.common
+    if tools:
+        reading = ToolReading(state.facts.tool_syntax, tuple(tools))
+        # required or a named function: the reply is a call; auto: a call once the reply starts one
+        offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
+        grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
+        common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
+    return prompt_ids, tools, reading, common
+
+
+async def _chat_constraint(state: ServerState, params: ChatParams, common: CommonParams, reading: ToolReading | None,
+                           reasoning: ReasoningSplitter | None) -> AnyConstraint | None:
+    """One choice's grammar state: as compiled; with tools on auto, armed once a call starts; on a
+    reasoning model, after its thinking."""
+    constraint = await compile_grammar(state, common)
+    spec, loaded = common.grammar, state.loaded
+    if constraint is None or spec is None:
+        return constraint
+    if reading is not None and params.tool_choice == "auto":
+        return LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
+                              state.facts.token_bytes)
+    if state.think_id is not None:
+        return ReasoningGate(lambda: loaded.compile_constraint(spec), state.facts.token_bytes, state.think_id,
+                             REASONING_CLOSE, starts_inside=reasoning is not None and reasoning.starts_inside)
+    return constraint
+
+
+async def completion_request(state: ServerState, params: CompletionParams) -> CompletionRequest:
+    """Tokenize the prompt (or take its ids), compile best_of grammar states, ask for the logprobs
+    best_of ranks by, and score the prompt when it is echoed with logprobs."""
+    if isinstance(params.prompt, tuple):
+        prompt_ids = params.prompt
+    else:
+        check_fits(state, len(params.prompt), "prompt")
+        prompt_ids = await run_in_threadpool(state.loaded.text_prompt_ids, params.prompt)
+    common = params.common
+    check_n(state, params.best_of, "best_of" if params.best_of > common.n else "n")
+    constraints = [await compile_grammar(state, common) for _ in range(params.best_of)]
+    scoring = params.best_of > common.n and common.n_top_logprobs is None
+    engine_common = dataclasses.replace(common, n_top_logprobs=0) if scoring else common  # best_of ranks by them
+    scores_prompt = params.echo and common.n_top_logprobs is not None
+    first = _generation_request(state, "cmpl", prompt_ids, engine_common, (), constraints[0],
+                                common.n_top_logprobs if scores_prompt else None)
+    echo = None
+    if params.echo:
+        text = params.prompt if isinstance(params.prompt, str) else state.facts.detokenize(list(prompt_ids))
+        echo = (text, prompt_ids)
+    return CompletionRequest(choice_requests(first, constraints), common, echo)
+
+
+def check_n(state: ServerState, n: int, param: str = "n") -> None:
+    n_slots = state.facts.n_slots
+    if n > n_slots:
+        raise invalid(f"'{param}' is {n}, but this server has {n_slots} slots (--parallel {n_slots}) and each "
+                      f"choice takes one; ask for at most {n_slots}", param)
+
+
+def _prompt_param(prefix: str) -> str:
+    """The request parameter that holds the prompt, by the endpoint's id prefix."""
+    return {"cmpl": "prompt", "resp": "input"}.get(prefix, "messages")
+
+
+def check_fits(state: ServerState, n_chars: int, param: str) -> None:
+    """Text that cannot fit a slot is refused before it is tokenized."""
+    try:
+        state.facts.check_text_fits(n_chars)
+    except PromptTooLongError as exc:
+        raise invalid(str(exc), param, "context_length_exceeded") from None
+
+
+async def compile_grammar(state: ServerState, common: CommonParams) -> Constraint | None:
+    """The request's grammar, compiled before any token is generated (400 naming the parameter if it cannot be)."""
+    if common.grammar is None:
+        return None
+    try:
+        return await run_in_threadpool(state.loaded.compile_constraint, common.grammar)
+    except ConstraintError as exc:
+        raise invalid(str(exc), common.grammar.param, "invalid_grammar") from None
+
+
+def reasoning_splitter(state: ServerState, prompt_ids: tuple[int, ...]) -> ReasoningSplitter | None:
+    """A splitter for a chat reply's reasoning (one per choice: it keeps state); it starts inside
+    when the template opened the tag."""
+    if state.reasoning_format == "none":
+        return None
+    prompt_tail = state.facts.detokenize(list(prompt_ids[-4:])).rstrip()
+    return ReasoningSplitter(starts_inside=prompt_tail.endswith(REASONING_OPEN))
+
+
+def _generation_request(
+    state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
+    constraint: AnyConstraint | None = None, prompt_logprobs: int | None = None,
+) -> GenerationRequest:
+    """The first choice's request, after the one check that its prompt fits a slot."""
+    facts = state.facts
+    try:
+        facts.check_token_ids(prompt_ids)
+    except TokenIdError as exc:
+        raise invalid(f"prompt {exc}", "prompt") from None
+    try:
+        facts.check_token_ids([t for t, _ in common.sampling.logit_bias])
+    except TokenIdError as exc:
+        raise invalid(f"'logit_bias' {exc}", "logit_bias") from None
+    try:
+        facts.check_prompt(len(prompt_ids))
+    except PromptTooLongError as exc:
+        raise invalid(str(exc), _prompt_param(prefix), "context_length_exceeded") from None
+    max_tokens = reply_length(common.max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
+    return generation_request(new_request_id(prefix), prompt_ids, common.sampling, max_tokens,
+                              common.stop + extra_stop, constraint, common.n_top_logprobs, common.ignore_eos,
+                              prompt_logprobs, common.beam)

@@ -1,0 +1,145 @@
+"""What every dialect's parser shares: the JSON body reader, scalar fields declared once (read and
+documented from the same declaration), the served-model check and the function-tool readers."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from runner.prompt.tools import Tool
+from runner.server.errors import ApiError, invalid
+from runner.server.guards import MAX_JSON_DEPTH, check_json_value
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; nesting, huge integers and lone surrogates are refused here."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise invalid(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise invalid(f"the request body holds a value that cannot be read: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", code="invalid_json")
+    check_json_value(body)
+    return body
+
+
+@dataclass(frozen=True)
+class Field:
+    """One scalar request parameter, declared once: the parser reads it and /openapi.json
+    (server/openapi.py) documents it from this declaration."""
+
+    name: str
+    kind: str  # its JSON type: "number", "integer", "boolean" or "string"
+    description: str
+    lo: float | None = None
+    hi: float | None = None
+
+    def read(self, body: dict, default: Any = None) -> Any:
+        value = body.get(self.name)
+        if value is None:
+            return default
+        if not is_kind(value, self.kind):
+            article = "an" if self.kind[0] in "aeiou" else "a"
+            raise invalid(f"'{self.name}' must be {article} {self.kind}, got {json.dumps(value)}", self.name,
+                          "invalid_type")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            bound = f"between {self.lo} and {self.hi}" if self.hi is not None else f"at least {self.lo}"
+            raise invalid(f"'{self.name}' must be {bound}, got {value}", self.name)
+        return float(value) if self.kind == "number" else value
+
+    def schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind, "description": self.description}
+        if self.lo is not None:
+            out["minimum"] = self.lo
+        if self.hi is not None:
+            out["maximum"] = self.hi
+        return out
+
+
+def is_kind(value: Any, kind: str) -> bool:
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) if kind == "integer" else math.isfinite(value)
+
+
+MODEL = Field("model", "string", "the served model id or an alias (required, as OpenAI's API has it)")
+STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
+MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (the older name)", 1)
+SAMPLING = {  # SamplingParams field -> its request parameter (the dialects that take one name it so)
+    "temperature": Field("temperature", "number", "0: greedy", 0.0, 2.0),
+    "top_k": Field("top_k", "integer", "keep the k most likely tokens (0: off)", 0),
+    "top_p": Field("top_p", "number", "nucleus sampling threshold", 0.0, 1.0),
+    "min_p": Field("min_p", "number", "drop tokens below min_p x the top probability", 0.0, 1.0),
+    "repeat_penalty": Field("repeat_penalty", "number", "penalty for recently seen tokens", 0.01, 10.0),
+    "presence_penalty": Field("presence_penalty", "number", "OpenAI presence penalty", -2.0, 2.0),
+    "frequency_penalty": Field("frequency_penalty", "number", "OpenAI frequency penalty", -2.0, 2.0),
+}
+
+
+def check_model(requested: str | None, served: list[str]) -> None:
+    if requested is None:
+        raise invalid(f"'model' is required; this server serves: {', '.join(served)}", "model",
+                      "missing_required_parameter")
+    if requested not in served:
+        raise ApiError(
+            404, f"The model '{requested}' does not exist; this server serves: {', '.join(served)}",
+            param="model", code="model_not_found",
+        )
+
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _tools(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid("'tools' must be a list of function tools", "tools", "invalid_type")
+    tools = []
+    for i, item in enumerate(value):
+        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise invalid(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}", f"tools[{i}]")
+        tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
+                                   f"tools[{i}].function"))
+    return distinct_tools(tools)
+
+
+def function_tool(name: Any, description: Any, parameters: Any, where: str, params_key: str = "parameters") -> Tool:
+    """One function tool, whatever the dialect's wrapping; `where` is its path in the request, for errors."""
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise invalid(f"{where}.name must be 1-64 letters, digits, _ or -", f"{where}.name")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise invalid(f"{where}.{params_key} must be a JSON schema object", f"{where}.{params_key}", "invalid_type")
+    return Tool(name, description if isinstance(description, str) else "", parameters)
+
+
+def distinct_tools(tools: list[Tool]) -> tuple[Tool, ...]:
+    if len({t.name for t in tools}) < len(tools):
+        raise invalid("'tools' names a function twice", "tools")
+    return tuple(tools)
+
+
+def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...]) -> str:
+    """A dialect's tool choice read as auto, none, required or a tool's name, checked against the
+    tools; `value` is what the request sent (None: nothing, the default), quoted in errors."""
+    if value is None:
+        return "auto" if tools else "none"
+    if choice not in ("auto", "none", "required") and choice not in {t.name for t in tools}:
+        raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
+    if choice != "none" and not tools:
+        raise invalid(f"tool_choice {json.dumps(value)} needs 'tools'", "tool_choice")
+    return choice

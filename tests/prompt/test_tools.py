@@ -1,0 +1,111 @@
+"""Function calling: templates that know tools, the three native call syntaxes and the fallback,
+constrained calls on the tiny model, and reading calls back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from engines import load_tiny, submit_all
+from runner.prompt.chat_template import ChatTemplate, Message
+from runner.sampling.constraints import JSON_LAYOUT, GrammarSpec
+from runner.model.loaded_model import LoadedModel
+from runner.sampling.params import SamplingParams
+from runner.scheduler.request import GenerationRequest
+from runner.prompt.tools import HERMES, LLAMA3, MISTRAL, Tool, ToolCall, call_grammar, parse_calls, syntax_of
+from tiny_gguf import write_tiny_gguf
+
+WEATHER = Tool("get_weather", "The weather in a city",
+               {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                 "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city", "days"], "additionalProperties": False})
+DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
+ADD = Tool("add", "a + b", {"type": "object", "properties": {"a": DIGIT, "b": DIGIT}, "required": ["a", "b"],
+                            "additionalProperties": False})
+# minimal templates in each family's style: the marker that tells the syntax, and the tools rendered
+TEMPLATES = {
+    HERMES: ("{% if tools %}<|im_start|>system\n<tools>{{ tools | tojson }}</tools> Call with <tool_call>"
+             "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+             "{% endfor %}<|im_start|>assistant\n"),
+    LLAMA3: ("{% if tools %}Environment: ipython\n{{ tools | tojson }}\n{% endif %}{% for m in messages %}"
+             "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "),
+    MISTRAL: ("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+              "{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %} [TOOL_CALLS] maybe"),
+}
+
+
+def test_each_family_is_told_by_its_template() -> None:
+    assert [syntax_of(TEMPLATES[s]) for s in (HERMES, LLAMA3, MISTRAL)] == [HERMES, LLAMA3, MISTRAL]
+    assert syntax_of(None) == HERMES
+
+
+@pytest.mark.parametrize(("syntax", "text", "want"), [
+    (HERMES, 'Sure.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+     ("Sure.", [("add", {"a": 1, "b": 2})])),
+    (HERMES, '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{"name": '
+             '"get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>',
+     ("", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo", "days": 2})])),
+    (LLAMA3, '<|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}', ("", [("add", {"a": 5, "b": 6})])),
+    (MISTRAL, '[TOOL_CALLS][{"name": "add", "arguments": {"a": 0, "b": 1}}]', ("", [("add", {"a": 0, "b": 1})])),
+    (HERMES, "Just text, no call.", ("Just text, no call.", [])),
+    (HERMES, '<tool_call>{"name": "delete_everything", "arguments": {}}</tool_call>', None),  # not offered
+    (LLAMA3, '{"name": "add", "parameters": {"a": 1', None),  # cut off
+])
+def test_calls_are_read_back_from_each_syntax(syntax: str, text: str, want) -> None:
+    content, calls = parse_calls(syntax, text, [WEATHER, ADD])
+    if want is None:
+        assert (content, calls) == (text, [])
+        return
+    assert content == want[0]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == want[1]
+    assert all(c.id.startswith("call_") for c in calls) and len({c.id for c in calls}) == len(calls)
+
+
+def test_a_template_that_knows_tools_renders_them_and_one_that_does_not_gets_a_system_message() -> None:
+    knows = ChatTemplate(TEMPLATES[HERMES])
+    assert '"name": "get_weather"' in knows.render([Message("user", "hi")], tools=[WEATHER])
+    plain = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    text = plain.render([Message("user", "hi")], tools=[WEATHER])
+    assert text.startswith("system: You can call these functions.") and '"name": "get_weather"' in text
+    assert "<tool_call>" in text
+
+
+def test_an_earlier_call_and_its_result_reach_the_template() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}|{{ m.content }}|"
+                            "{% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.a }})"
+                            "{% endfor %}{{ m.tool_call_id or '' }}\n{% endfor %}")
+    text = template.render([Message("assistant", "", (ToolCall("call_1", "add", '{"a": 4, "b": 5}'),)),
+                            Message("tool", "9", tool_call_id="call_1")])
+    assert text == "assistant||add(4)\ntool|9|call_1\n"  # arguments as an object, as templates expect
+
+
+@pytest.fixture(scope="module", params=[HERMES, LLAMA3, MISTRAL])
+def family(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LoadedModel]]:
+    path = write_tiny_gguf(tmp_path_factory.mktemp(request.param) / "m.gguf", chat_template=TEMPLATES[request.param])
+    loaded = load_tiny(path, 2, ctx_size=1024)  # the tools' schemas make long prompts for a byte-level vocabulary
+    yield request.param, loaded
+    loaded.close()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_required_call_is_emitted_in_the_familys_syntax_and_read_back(family: tuple[str, LoadedModel],
+                                                                        parallel: bool) -> None:
+    syntax, loaded = family
+    assert syntax_of(loaded.template.source) == syntax and loaded.template.knows_tools
+    prompt = loaded.chat_prompt_ids([Message("user", "weather in Oslo?")], [WEATHER, ADD])
+    requests = [GenerationRequest(f"t{seed}", prompt, SamplingParams(temperature=1.0, seed=seed), 200,
+                                  constraint=loaded.compile_constraint(GrammarSpec(
+                                      "lark", call_grammar(syntax, [WEATHER, ADD], parallel, JSON_LAYOUT), "tools")))
+                for seed in range(3)]
+    finished = [events for events in submit_all(loaded.engine, requests) if events[-1].finish_reason.value == "stop"]
+    assert finished  # (the others ran out of tokens mid-call: nothing to read)
+    for events in finished:
+        text = "".join(e.text for e in events)
+        content, calls = parse_calls(syntax, text, [WEATHER, ADD])
+        assert calls and content == "", text
+        assert parallel or len(calls) == 1
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), (WEATHER if call.name == WEATHER.name else ADD).parameters)

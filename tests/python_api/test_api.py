@@ -1,0 +1,56 @@
+"""The Python API on the tiny model: replies, and the options apps reach for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.python_api.runner import Runner
+from runner.sampling.constraints import ConstraintError
+
+
+def test_json_schema_and_grammar_reach_the_python_api(tiny_gguf: Path) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        reply = r.chat([{"role": "user", "content": "ok?"}], json_schema=schema, temperature=0, max_tokens=20)
+        assert set(json.loads(reply)) == {"ok"}
+        assert r.complete("answer:", grammar='root ::= "yes" | "no"', temperature=0.9, max_tokens=5) in ("yes", "no")
+        with pytest.raises(ConstraintError, match="grammar"):
+            r.complete("x", grammar="root ::= (")
+        with pytest.raises(ValueError, match="not both"):
+            r.complete("x", grammar="root ::= x", json_schema={})
+
+
+def test_choices_best_of_beams_scores_and_embeddings_reach_the_python_api(tiny_gguf: Path) -> None:
+    with Runner(tiny_gguf, log=lambda _: None, parallel=3, batch_invariant="on", ctx_size=256) as r:
+        greedy = r.complete("the cat", temperature=0, max_tokens=6)
+        assert r.choices("the cat", n=3, temperature=0, max_tokens=6) == [greedy] * 3
+        sampled = r.choices("the cat", n=3, temperature=1.0, seed=3, max_tokens=6)
+        assert r.choices("the cat", n=3, temperature=1.0, seed=3, max_tokens=6) == sampled
+        assert r.choices("the cat", n=2, best_of=3, temperature=1.0, seed=3, max_tokens=6)[0] in sampled
+        with pytest.raises(ValueError, match="parallel"):
+            r.choices("x", n=4)
+        scored = r.score("the cat sat")
+        assert scored[0][1] is None and all(lp is not None and lp < 0 for _, lp in scored[1:])
+        assert "".join(token for token, _ in scored) == "the cat sat"
+        beams = r.beam_search("the cat", n=3, max_tokens=4)
+        assert len(beams) == 3 and {b.finish_reason for b in beams} <= {"stop", "length"}
+        same_length = [b.logprob for b in beams if b.finish_reason == "length"]  # ranked by total among these
+        assert same_length == sorted(same_length, reverse=True)
+        vectors = r.embed(["the cat", "the dog"])
+        assert vectors.shape == (2, 64)
+        with pytest.raises(ValueError, match="non-empty"):
+            r.embed([""])
+
+
+def test_a_requests_length_is_built_as_the_server_builds_it(tiny_gguf: Path) -> None:
+    """One request builder for both faces: None is the default, 0 is nothing, never past the room."""
+    with Runner(tiny_gguf, log=lambda _: None, ctx_size=256, max_tokens=100) as r:
+        prompt_ids = (1, 2, 3, 4)
+        assert r.request(prompt_ids).max_tokens == 100
+        assert r.request(prompt_ids, max_tokens=0).max_tokens == 0  # was silently 1024
+        assert r.request(prompt_ids, max_tokens=10_000).max_tokens == 256 - 4
+        assert r.complete("the cat", max_tokens=0) == ""

@@ -1,0 +1,78 @@
+from pathlib import Path
+
+import pytest
+
+from runner.core.errors import ModelFileError
+from runner.runtime.gguf_file import read_gguf
+
+
+def test_reads_tiny_model_header(tiny_gguf: Path) -> None:
+    info = read_gguf(tiny_gguf)
+    assert info.architecture == "llama"
+    assert info.quant_type == "ALL_F32"
+    assert info.n_vocab == 264
+    assert info.n_ctx_train == 2048
+    assert info.arch_value("block_count") == 2
+    assert info.has_chat_template
+    assert info.data_end == info.file_size
+
+
+def test_truncated_file_is_refused_with_sizes(tiny_gguf: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size - 1000])
+    with pytest.raises(ModelFileError, match=r"truncated or corrupt: its tensors need [\d,]+ bytes but the file has [\d,]+"):
+        read_gguf(cut)
+
+
+def test_truncated_header_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:300])
+    with pytest.raises(ModelFileError, match="truncated GGUF header"):
+        read_gguf(cut)
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    other = tmp_path / "notes.gguf"
+    other.write_text("hello")
+    with pytest.raises(ModelFileError, match="is not a GGUF model file"):
+        read_gguf(other)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="model file not found"):
+        read_gguf(tmp_path / "nope.gguf")
+
+
+def header_only(path: Path, **values: object) -> Path:
+    """A GGUF with no tensors and the given metadata (strings and ints)."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    for key, value in values.items():
+        name = key.replace("__", ".")
+        if isinstance(value, str):
+            w.add_string(name, value)
+        else:
+            w.add_int32(name, int(value))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", ["wide", 0, -32])
+def test_a_nonsense_alignment_is_one_line(tmp_path: Path, alignment: object) -> None:
+    path = header_only(tmp_path / "odd.gguf", general__alignment=alignment)
+    with pytest.raises(ModelFileError, match=r"corrupt GGUF metadata \(general.alignment is"):
+        read_gguf(path)
+
+
+def test_counts_of_the_wrong_type_read_as_unknown(tmp_path: Path) -> None:
+    from runner.config.options import EngineOptions
+    from runner.runtime.memory_plan import MemoryPlan
+
+    info = read_gguf(header_only(tmp_path / "odd.gguf", llama__context_length="long", llama__block_count="many",
+                                 llama__attention__head_count=-4))
+    assert (info.n_ctx_train, info.n_vocab, info.arch_int("block_count", 0)) == (0, 0, 0)
+    MemoryPlan.for_model(info, EngineOptions(), available_bytes=1 << 40).check()  # no traceback

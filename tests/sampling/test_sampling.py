@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+from runner.sampling.params import SamplingParams
+from runner.sampling.sampler import Sampler, top_logprobs
+
+LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9], dtype=np.float32)
+
+
+def draws(params: SamplingParams, n: int = 200) -> list[int]:
+    s = Sampler(params)
+    return [s.sample(LOGITS) for _ in range(n)]
+
+
+def test_greedy_is_argmax() -> None:
+    assert draws(SamplingParams(temperature=0), 5) == [1] * 5
+
+
+def test_same_seed_same_draws_different_seed_differs() -> None:
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    assert draws(p) == draws(p)
+    assert draws(p) != draws(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=8))
+
+
+def test_top_k_keeps_only_k_candidates() -> None:
+    dist = Sampler(SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)).distribution(LOGITS)
+    assert dist.token_ids.tolist() == [1, 5]
+    assert dist.probs.sum() == pytest.approx(1.0)
+
+
+def test_top_p_cuts_the_tail() -> None:
+    dist = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0)).distribution(LOGITS)
+    assert dist.token_ids.tolist() == [1, 5]
+
+
+def test_min_p_drops_unlikely_tokens() -> None:
+    dist = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5)).distribution(LOGITS)
+    # p(x)/p(max) = exp(x - 3): keeps 3.0, 2.9, 2.5 (exp(-0.5)=0.61) and drops 1.0 (0.14)
+    assert sorted(dist.token_ids.tolist()) == [1, 2, 5]
+
+
+def test_empirical_distribution_follows_softmax() -> None:
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1))
+    counts = np.bincount([s.sample(LOGITS) for _ in range(20000)], minlength=len(LOGITS))
+    expected = np.exp(LOGITS - LOGITS.max()) / np.exp(LOGITS - LOGITS.max()).sum()
+    assert np.allclose(counts / counts.sum(), expected, atol=0.015)
+
+
+def test_repeat_penalty_moves_greedy_off_a_repeated_token() -> None:
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=1.5), prompt_ids=[1])
+    assert s.sample(LOGITS) == 5  # 3.0 / 1.5 = 2.0 < 2.9
+
+
+def test_frequency_and_presence_penalties_count_generated_tokens() -> None:
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.06, presence_penalty=0.0))
+    s.accept(1)
+    assert s.sample(LOGITS) == 1  # 3.0 - 0.06 > 2.9
+    s.accept(1)
+    assert s.sample(LOGITS) == 5  # 3.0 - 0.12 < 2.9
+
+
+def test_penalties_do_not_modify_the_logits_row() -> None:
+    row = LOGITS.copy()
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=5.0))
+    s.accept(1)
+    s.sample(row)
+    assert np.array_equal(row, LOGITS)
+
+
+def test_top_logprobs_are_normalised_and_sorted() -> None:
+    chosen, top = top_logprobs(LOGITS, 2, 3)
+    assert [t for t, _ in top] == [1, 5, 2]
+    log_z = np.log(np.exp(LOGITS.astype(np.float64)).sum())
+    assert chosen == pytest.approx(2.5 - log_z)
+    assert top[0][1] == pytest.approx(3.0 - log_z)
+
+
+def test_logit_bias_bans_and_forces_before_top_k() -> None:
+    banned = SamplingParams(temperature=0, logit_bias=((1, -100.0),))
+    assert draws(banned, 3) == [5] * 3  # the argmax is banned: the next best
+    forced = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, logit_bias=((3, 100.0),))
+    dist = Sampler(forced).distribution(LOGITS)
+    assert dist.token_ids.tolist()[0] == 3 and dist.probs[0] > 0.999  # raised before top_k chose its two
+    assert LOGITS[3] == -1.0  # the caller's logits are left alone
+
+
+def test_a_lazy_grammar_that_has_not_begun_leaves_the_logits_alone() -> None:
+    class NotYet:  # a LazyConstraint before its trigger
+        is_active = False
+
+        def mask_into(self, logits):
+            raise AssertionError("masked before the grammar began")
+
+    sampler = Sampler(SamplingParams(temperature=0), constraint=NotYet())
+    assert sampler.adjusted_logits(LOGITS) is LOGITS  # no copy, no mask
+    assert sampler.sample(LOGITS) == 1

@@ -1,0 +1,127 @@
+"""Anthropic's Messages API on a real `runner serve` (SmolLM2), driven by the anthropic SDK; and its
+parsing into the one internal chat request, without a server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anthropic
+import httpx
+import pytest
+
+from runner.server.anthropic_messages import parse_messages
+from runner.server.errors import ApiError
+from server_process import ServerProcess
+
+MODEL = "smollm2-135m-instruct"
+GREEDY = {"extra_body": {"temperature": 0}}  # this SDK version takes no sampling arguments of its own
+WEATHER = {"name": "get_weather", "description": "Get the weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                            "required": ["city"], "additionalProperties": False}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_body_becomes_the_internal_chat_request() -> None:
+    params = parse_messages({
+        "model": MODEL, "max_tokens": 9, "system": [{"type": "text", "text": "Be brief."}], "stop_sequences": ["##"],
+        "temperature": 0.5, "top_k": 5, "tools": [WEATHER], "tool_choice": {"type": "any"},
+        "messages": [*ASK, {"role": "assistant", "content": [
+                         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sun"}]}]})
+    assert [(m.role, m.content) for m in params.messages] == [
+        ("system", "Be brief."), ("user", "What is the weather in Paris?"), ("assistant", ""), ("tool", "sun")]
+    assert params.messages[2].tool_calls[0].arguments == '{"city": "Paris"}'
+    assert params.messages[3].tool_call_id == "toolu_1"
+    assert (params.common.max_tokens, params.common.stop, params.tool_choice) == (9, ("##",), "required")
+    assert (params.common.sampling.temperature, params.common.sampling.top_k) == (0.5, 5)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": ASK}, "max_tokens"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
+    ({"max_tokens": 5, "messages": ASK, "tools": [{"description": "no name"}]}, "tools.0.name"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"max_tokens": 5, "messages": ASK, "tools": ["get_weather"]}, "tools.0.name"),
+])
+def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_messages(body)
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+@pytest.fixture(scope="module")
+def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
+    return serve_smollm2("--parallel", "2", "--ctx-size", "2048", "--api-key", "s3cret")
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess):
+    with anthropic.Anthropic(base_url=server.url, api_key="s3cret", max_retries=0) as c:  # closes its connections
+        yield c
+
+
+@pytest.mark.model
+def test_a_text_reply_whole_and_streamed(client: anthropic.Anthropic) -> None:
+    whole = client.messages.create(model=MODEL, max_tokens=30, messages=[{"role": "user", "content": "Say hi"}],
+                                   **GREEDY)
+    assert whole.id.startswith("msg_") and whole.role == "assistant" and whole.stop_reason == "end_turn"
+    assert whole.content[0].type == "text" and whole.content[0].text
+    assert whole.usage.input_tokens > 0 and whole.usage.output_tokens > 0
+    with client.messages.stream(model=MODEL, max_tokens=30, messages=[{"role": "user", "content": "Say hi"}],
+                                **GREEDY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text and final.stop_reason == "end_turn"
+
+
+@pytest.mark.model
+def test_max_tokens_and_stop_sequences_end_the_reply(client: anthropic.Anthropic) -> None:
+    cut = client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Tell a story."}],
+                                 **GREEDY)
+    assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    counting = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+    stopped = client.messages.create(model=MODEL, max_tokens=60, messages=counting, stop_sequences=["4"], **GREEDY)
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "4")
+    assert "4" not in stopped.content[0].text
+
+
+@pytest.mark.model
+def test_a_tool_use_round_trip(client: anthropic.Anthropic) -> None:
+    used = client.messages.create(model=MODEL, max_tokens=100, tools=[WEATHER], tool_choice={"type": "any"},
+                                  messages=ASK, **GREEDY)
+    assert used.stop_reason == "tool_use"
+    (block,) = [b for b in used.content if b.type == "tool_use"]
+    assert block.id.startswith("toolu_") and block.name == "get_weather" and isinstance(block.input["city"], str)
+    with client.messages.stream(model=MODEL, max_tokens=100, tools=[WEATHER],
+                                tool_choice={"type": "tool", "name": "get_weather"}, messages=ASK, **GREEDY) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == block.input
+    follow = client.messages.create(model=MODEL, max_tokens=30, tools=[WEATHER], tool_choice={"type": "none"},
+                                    messages=[*ASK, {"role": "assistant", "content": [block.model_dump()]},
+                                              {"role": "user", "content": [{"type": "tool_result",
+                                                                            "tool_use_id": block.id,
+                                                                            "content": "Sunny, 21 C"}]}], **GREEDY)
+    assert follow.content[0].type == "text" and follow.content[0].text
+
+
+@pytest.mark.model
+def test_count_tokens_and_errors_in_anthropics_envelope(server: ServerProcess, client: anthropic.Anthropic) -> None:
+    counted = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "Say hi"}])
+    whole = client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Say hi"}])
+    assert counted.input_tokens == whole.usage.input_tokens
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "s3cret"}, timeout=30,
+                   json={"model": MODEL, "messages": ASK})
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                   "message": "max_tokens: Field required"}}
+    with anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0) as wrong:
+        with pytest.raises(anthropic.AuthenticationError):
+            wrong.messages.create(model=MODEL, max_tokens=2, messages=ASK)
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-sonnet", max_tokens=2, messages=ASK)
+    bad_tool = {**WEATHER, "input_schema": {"type": "object", "properties": {"city": {"type": "no-such-type"}}}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model=MODEL, max_tokens=20, messages=ASK, tools=[bad_tool], tool_choice={"type": "any"})
+    assert caught.value.body["error"]["type"] == "invalid_request_error"
+    assert "no-such-type" in caught.value.body["error"]["message"]

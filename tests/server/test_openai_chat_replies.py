@@ -1,0 +1,64 @@
+"""The streamed chunks' fast path writes exactly what building and encoding the envelope writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runner.scheduler.request import FinishReason, StreamEvent, Usage
+from runner.server.openai_chat_replies import ChatReplyBuilder, CompletionReplyBuilder
+from runner.server.replies import sse
+
+EVENTS = [
+    StreamEvent("r1", "Hello", (1,), (False,)),
+    StreamEvent("r1", ' "quoted"\n\tand \\ back', (2, 3), (True, False)),
+    StreamEvent("r1", "café ✓ 猫", (4,), (False,)),
+    StreamEvent("r1", "", (5,), (False,)),  # held back (a possible stop string): nothing to send
+    StreamEvent("r1", "x", (6,), ()),
+    StreamEvent("r1", " end", (7,), (False,), finish_reason=FinishReason.LENGTH, usage=Usage(3, 7, 0, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("kind", [ChatReplyBuilder, CompletionReplyBuilder])
+def test_a_streamed_chunk_is_the_encoded_envelope_byte_for_byte(kind: type) -> None:
+    fast = kind("r1", "smol", lambda t: b"?", wants_logprobs=False)
+    slow = kind("r1", "smol", lambda t: b"?", wants_logprobs=False)
+    slow.created = fast.created
+    for event in EVENTS:
+        chunk = slow.chunk(event)
+        assert fast.chunk_sse(event) == (None if chunk is None else sse(chunk))
+    assert fast.whole() == slow.whole()
+
+
+def test_a_whole_chat_reply_has_the_fields_openais_spec_requires() -> None:
+    builder = ChatReplyBuilder("r1", "smol", lambda t: b"?", wants_logprobs=False)
+    for event in EVENTS:
+        builder.add(event)
+    whole = builder.whole()
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": 'Hello "quoted"\n\tand \\ backcafé ✓ 猫x end',
+                                              "refusal": None}
+    assert "system_fingerprint" not in whole  # a string or absent, never null
+    assert "system_fingerprint" not in builder.chunk(EVENTS[0])
+
+
+def test_calls_are_read_after_the_reasoning() -> None:
+    from runner.server.reasoning import ReasoningSplitter
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    text = '<think>I should add.</think><tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    for streamed in (False, True):
+        builder = ChatReplyBuilder("r1", "smol", lambda t: b"?", False, ReasoningSplitter(), reading)
+        event = StreamEvent("r1", text, (1,), (False,), finish_reason=FinishReason.STOP, usage=Usage(3, 1, 0, 0, 0))
+        if streamed:
+            chunks = [json.loads(line[6:]) for line in builder.chunk_sse(event).split("\n\n") if line]
+            deltas = [c["choices"][0]["delta"] for c in chunks]
+            assert deltas[0] == {"reasoning_content": "I should add."}
+            assert deltas[1]["tool_calls"][0]["function"]["name"] == "add"
+            assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        else:
+            builder.add(event)
+            message = builder.whole()["choices"][0]["message"]
+            assert message["reasoning_content"] == "I should add." and message["content"] is None
+            assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 1}

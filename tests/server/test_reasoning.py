@@ -1,0 +1,108 @@
+"""Splitting <think>…</think> off a reply, whole and as it streams in pieces of any size."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engines import load_tiny, submit_all
+from runner.sampling.constraints import GrammarSpec, ReasoningGate
+from runner.sampling.params import SamplingParams
+from runner.scheduler.request import FinishReason, GenerationRequest
+from runner.server.reasoning import ReasoningSplitter, split_whole
+from tiny_gguf import write_tiny_gguf
+
+REPLY = "<think>\nLet me count: 1, 2.\n</think>\n\nTwo."
+
+
+def streamed(text: str, size: int, starts_inside: bool = False) -> tuple[str, str]:
+    splitter = ReasoningSplitter(starts_inside)
+    reasoning = content = ""
+    for i in range(0, len(text), size):
+        r, c = splitter.push(text[i : i + size])
+        reasoning, content = reasoning + r, content + c
+    r, c = splitter.flush()
+    return reasoning + r, content + c
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 100])
+def test_streamed_in_any_pieces_it_splits_as_the_whole(size: int) -> None:
+    assert split_whole(REPLY) == ("\nLet me count: 1, 2.\n", "Two.")
+    assert streamed(REPLY, size) == split_whole(REPLY)
+
+
+def test_a_reply_without_the_tag_is_all_content() -> None:
+    for text in ("Hello", "  <b>bold</b>", "<thin ice>", ""):
+        assert split_whole(text) == ("", text)
+        assert streamed(text, 1) == ("", text)
+
+
+def test_a_template_that_opened_the_tag_starts_the_reply_inside_it() -> None:
+    assert split_whole("plan</think>answer", starts_inside=True) == ("plan", "answer")
+    assert streamed("plan</think>answer", 2, starts_inside=True) == ("plan", "answer")
+
+
+def test_an_unclosed_tag_is_all_reasoning_and_text_after_the_tag_passes_straight() -> None:
+    assert split_whole("<think>still thinking</th") == ("still thinking</th", "")
+    splitter = ReasoningSplitter()
+    splitter.push("<think>a</think>b")
+    assert splitter.is_plain and splitter.push("c") == ("", "c")
+
+
+# -- a grammar after the thinking (constraints.ReasoningGate) ---------------------------------------
+SCHEMA = GrammarSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                                                         "maximum": 9}},
+                                                "required": ["a"], "additionalProperties": False}), "response_format")
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("think") / "think.gguf", extra_specials=("<think>", "</think>"))
+    loaded = load_tiny(path, 1)
+    yield loaded
+    loaded.close()
+
+
+def _allowed(gate: ReasoningGate, n_vocab: int) -> set[int]:
+    logits = np.zeros(n_vocab, dtype=np.float32)
+    gate.mask_into(logits)
+    return set(np.flatnonzero(np.isfinite(logits)).tolist())
+
+
+def test_the_grammar_waits_for_the_thinking_to_close(thinker) -> None:
+    think, close = thinker.facts.single_token_id("<think>"), thinker.facts.single_token_id("</think>")
+    assert think is not None and close is not None and thinker.facts.single_token_id("{") is not None
+    brace, x = thinker.facts.single_token_id("{"), thinker.facts.single_token_id("x")
+    n_vocab = thinker.model.n_vocab
+    gate = ReasoningGate(lambda: thinker.compile_constraint(SCHEMA), thinker.model.token_bytes, think)
+    first = _allowed(gate, n_vocab)
+    assert think in first and brace in first and x not in first and close not in first
+    gate.advance(think)  # thinking: anything goes
+    assert not gate.is_active and _allowed(gate, n_vocab) == set(range(n_vocab))
+    for token in (x, brace, x):
+        gate.advance(token)
+    assert not gate.is_active
+    gate.advance(close)  # the grammar from here
+    after = _allowed(gate, n_vocab)
+    assert gate.is_active and brace in after and think not in after and x not in after
+    inside = ReasoningGate(lambda: thinker.compile_constraint(SCHEMA), thinker.model.token_bytes, think,
+                           starts_inside=True)  # the template opened the tag: the reply starts thinking
+    assert not inside.is_active and brace in _allowed(inside, n_vocab) and x in _allowed(inside, n_vocab)
+    plain = ReasoningGate(lambda: thinker.compile_constraint(SCHEMA), thinker.model.token_bytes, think)
+    plain.advance(brace)  # no thinking at all: the grammar from the first token
+    assert think not in _allowed(plain, n_vocab)
+
+
+def test_a_constrained_reply_may_think_first_and_then_follows_the_schema(thinker) -> None:
+    think, close = thinker.facts.single_token_id("<think>"), thinker.facts.single_token_id("</think>")
+    gate = ReasoningGate(lambda: thinker.compile_constraint(SCHEMA), thinker.model.token_bytes, think)
+    # the biases make the tiny model think (allowed first), close the thought at once, then answer
+    sampling = SamplingParams(temperature=0, logit_bias=((think, 30.0), (close, 60.0)))
+    (events,) = submit_all(thinker.engine, [GenerationRequest("r", thinker.text_prompt_ids("hi"), sampling, 40,
+                                                              constraint=gate)])
+    text = "".join(e.text for e in events)
+    reasoning, content = split_whole(text)
+    assert text.startswith("<think></think>") and reasoning == ""
+    assert set(json.loads(content)) == {"a"} and events[-1].finish_reason is FinishReason.STOP

@@ -1,0 +1,139 @@
+"""The HTTP app in-process on the tiny model: failures mid-stream and the engine thread's recovery."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from runner.prompt.chat_template import Message
+from runner.server.engine_thread import EngineThread
+from runner.model.loaded_model import LoadedModel
+from runner.config.options import EngineOptions
+from runner.server.app import create_app
+from runner.server.state import ServerState
+
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0,
+        "ignore_eos": True, "stream": True}
+
+
+@pytest.fixture
+def app_state(tiny_gguf: Path) -> Iterator[ServerState]:
+    loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=2, ctx_size=128, batch_size=32, threads=1), log=lambda _: None)
+    thread = EngineThread(loaded.engine)
+    thread.start()
+    state = ServerState(loaded, thread, ["tiny"])
+    yield state
+    state.close()
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_failed_decode_mid_stream_sends_an_error_event_and_frees_the_slot(app_state: ServerState) -> None:
+    runner = app_state.loaded.runner
+    real_decode = runner.decode
+    calls = {"n": 0}
+
+    def failing_decode(rows):  # the 4th decode of this request fails inside llama.cpp
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("llama_decode failed with code -3: out of memory")
+        return real_decode(rows)
+
+    runner.decode = failing_decode
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        events = sse_events(client.post("/v1/chat/completions", json=BODY).text)
+        runner.decode = real_decode
+        chunks = [json.loads(e) for e in events]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert sum(1 for c in chunks if c.get("choices") and c["choices"][0]["delta"].get("content") is not None) >= 3
+        assert chunks[-1] == {"error": {"message": "llama_decode failed with code -3: out of memory",
+                                        "type": "server_error", "param": None, "code": "generation_failed"}}
+        assert "[DONE]" not in events
+        assert [s["state"] for s in client.get("/slots").json()] == ["idle", "idle"]
+        # the failed slot's KV is dropped, and the server keeps serving
+        again = client.post("/v1/chat/completions", json={**BODY, "stream": False})
+        assert again.status_code == 200
+        assert again.json()["usage"]["completion_tokens"] == 12
+
+
+def test_a_non_streamed_failure_is_a_500_envelope(app_state: ServerState) -> None:
+    runner = app_state.loaded.runner
+
+    def broken(rows):
+        raise RuntimeError("llama_decode failed with code 1: no KV slot")
+
+    runner.decode = broken
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        r = client.post("/v1/chat/completions", json={**BODY, "stream": False})
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "generation_failed"
+        assert "no KV slot" in r.json()["error"]["message"]
+
+
+def test_stream_chunks_are_one_per_token_with_exact_usage(app_state: ServerState) -> None:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        body = {**BODY, "stream_options": {"include_usage": True}, "logprobs": True}
+        chunks = [json.loads(e) for e in sse_events(client.post("/v1/chat/completions", json=body).text) if e != "[DONE]"]
+        token_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+        assert sum(len(c["choices"][0]["logprobs"]["content"]) for c in token_chunks) == 12
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+        prompt_ids = app_state.loaded.chat_prompt_ids([Message("user", "hello")])
+        assert chunks[-1]["usage"]["prompt_tokens"] == len(prompt_ids)
+
+
+def test_a_request_without_max_tokens_stops_at_the_server_default(tiny_gguf: Path) -> None:
+    from engines import load_tiny
+
+    loaded = load_tiny(tiny_gguf, 1, ctx_size=128, batch_size=32, max_tokens=5)
+    thread = EngineThread(loaded.engine)
+    thread.start()
+    state = ServerState(loaded, thread, ["tiny"])
+    with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.json()["usage"]["completion_tokens"] == 5 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_logit_bias_is_enforced_and_checked_against_the_vocabulary(app_state: ServerState) -> None:
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        body = {**BODY, "stream": False, "max_tokens": 3}
+        forced = app_state.loaded.model.tokenize("zz", add_special=False, parse_special=False)[0]
+        r = client.post("/v1/chat/completions", json={**body, "logit_bias": {str(forced): 100}}).json()
+        text = app_state.loaded.model.token_bytes(forced).decode() * 3
+        assert r["choices"][0]["message"]["content"] == text  # +100: that token every time
+        r = client.post("/v1/chat/completions", json={**body, "logit_bias": {"999999": 5}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+
+
+@pytest.mark.parametrize("reasoning_format", ["deepseek", "none"])
+def test_a_think_block_becomes_reasoning_content(app_state: ServerState, reasoning_format: str) -> None:
+    app_state.reasoning_format = reasoning_format
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0.9, "seed": 3,
+            "max_tokens": 40,
+            "grammar": 'root ::= "<think>" "plan " [a-c] "</think>" "answer"'}  # the reply a reasoning model writes
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        chunks = [json.loads(e) for e in sse_events(client.post("/v1/chat/completions",
+                                                                json={**body, "stream": True}).text) if e != "[DONE]"]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    streamed_reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    streamed_content = "".join(d.get("content", "") for d in deltas)
+    if reasoning_format == "none":
+        assert whole["content"].startswith("<think>plan ") and "reasoning_content" not in whole
+        assert streamed_reasoning == "" and streamed_content.endswith("</think>answer")
+    else:
+        assert whole["content"] == "answer" and whole["reasoning_content"] in ("plan a", "plan b", "plan c")
+        assert (streamed_reasoning, streamed_content) == (whole["reasoning_content"], "answer")
+
+
+def test_the_server_does_the_first_requests_one_off_work_before_it_answers(app_state: ServerState) -> None:
+    model = app_state.loaded.model
+    assert "max_token_bytes" not in vars(model)  # (scanned lazily: the whole vocabulary)
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1"):
+        assert "max_token_bytes" in vars(model)

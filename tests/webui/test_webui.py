@@ -1,0 +1,198 @@
+"""The built-in chat page in a real Chromium (driven by playwright) against `runner serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from browser import launched_chromium
+from server_process import ServerProcess
+
+pytestmark = pytest.mark.model
+MODEL = "smollm2-135m-instruct"
+LONG = "Count from 1 to 300, separated by commas."
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
+    return serve_smollm2("--parallel", "4", "--ctx-size", "2048")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with launched_chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser, server: ServerProcess):
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    pg = context.new_page()
+    pg.goto(server.url + "/")
+    yield pg
+    context.close()
+
+
+def set_settings(page, **values: object) -> None:
+    if page.locator("#settings").is_hidden():
+        page.click("#settings-toggle")
+    for key, value in values.items():
+        page.fill(f"#{key}", str(value))
+        page.dispatch_event(f"#{key}", "change")
+
+
+def send(page, text: str) -> None:
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+def reply_text(page) -> str:
+    return page.locator(".message.assistant .body").last.inner_text()
+
+
+def wait_for_reply_longer_than(page, n_chars: int, timeout_s: float = 60) -> None:
+    """Polled from here: page.wait_for_function compiles its predicate in the page, which the page's
+    Content-Security-Policy (no eval) rightly refuses."""
+    deadline = time.monotonic() + timeout_s
+    while len(page.evaluate("document.querySelector('.message.assistant .body')?.innerText || ''")) <= n_chars:
+        assert time.monotonic() < deadline, f"the reply did not pass {n_chars} characters"
+        page.wait_for_timeout(20)
+
+
+def test_reply_streams_then_shows_stats(page) -> None:
+    set_settings(page, temperature=0, max_tokens=150)
+    send(page, LONG)
+    wait_for_reply_longer_than(page, 10)
+    first = len(reply_text(page))
+    assert page.locator(".message.assistant .stats").count() == 0  # still streaming
+    wait_for_reply_longer_than(page, first + 20)
+    page.wait_for_selector(".message.assistant .stats", timeout=60000)
+    stats = page.inner_text(".message.assistant .stats")
+    assert stats.startswith("150 tokens · ") and "tok/s · first token " in stats
+
+
+def test_stop_ends_the_reply_and_frees_the_slot(page, server: ServerProcess) -> None:
+    set_settings(page, temperature=0, max_tokens=1500)
+    send(page, LONG)
+    wait_for_reply_longer_than(page, 30)
+    page.click("#stop")
+    page.wait_for_selector(".message.assistant .stats")
+    assert page.inner_text(".message.assistant .stats").endswith("· stopped")
+    stopped_at = reply_text(page)
+    assert [s["state"] for s in server.wait_all_idle(timeout_s=60)] == ["idle"] * 4  # a deadline, not a speed
+    time.sleep(0.5)  # (a loaded machine can only make this pass more easily, never fail it)
+    assert reply_text(page) == stopped_at
+
+
+def test_reload_keeps_the_conversation(page) -> None:
+    set_settings(page, temperature=0, max_tokens=8)
+    send(page, "Say hi.")
+    page.wait_for_selector(".message.assistant .stats")
+    before = page.locator(".message").all_inner_texts()
+    page.reload()
+    page.wait_for_selector(".message.assistant .stats")
+    assert page.locator(".message").all_inner_texts() == before
+    assert page.locator("#conversations li.active .name").inner_text() == "Say hi."
+
+
+def test_settings_shape_the_request(page) -> None:
+    set_settings(page, system="Be brief.", temperature=0.3, top_p=0.5, max_tokens=7, seed=42)
+    with page.expect_request("**/v1/chat/completions") as req:
+        send(page, "Hello there")
+    body = json.loads(req.value.post_data)
+    assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0.3, 0.5, 7, 42)
+    assert body["model"] == MODEL and body["stream"] is True
+    page.wait_for_selector(".message.assistant .stats")
+
+
+def test_greedy_in_the_page_equals_the_api(page, server: ServerProcess) -> None:
+    set_settings(page, temperature=0, max_tokens=24)
+    send(page, "What is 2 + 2?")
+    page.wait_for_selector(".message.assistant .stats")
+    api = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                                                    "temperature": 0, "max_tokens": 24}).json()
+    assert reply_text(page) == api["choices"][0]["message"]["content"].strip()
+    if os.environ.get("RUNNER_UPDATE_SCREENSHOT"):  # the README shows it; a plain test run leaves the checkout alone
+        page.screenshot(path=str(REPO / "docs" / "ui.png"))
+
+
+def test_model_output_cannot_inject_html(page, tmp_path: Path) -> None:
+    evil = ('<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> and **bold**\n'
+            "```html\n<b>not bold</b>\n```")
+    convo = [{"title": "evil", "messages": [{"role": "user", "content": "<i>hi</i>"},
+                                            {"role": "assistant", "content": evil}]}]
+    path = tmp_path / "convo.json"
+    path.write_text(json.dumps(convo))
+    page.set_input_files("#import", str(path))
+    page.wait_for_selector(".message.assistant")
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator(".message img, .message script, .message i, .message b").count() == 0
+    text = reply_text(page)
+    assert "<script>window.__pwned = 1</script>" in text and "<b>not bold</b>" in text
+    assert page.locator(".message.assistant strong").inner_text() == "bold"
+    assert page.locator(".message.assistant .code-block .copy").count() == 1
+
+
+def test_two_pages_stream_at_once(browser, server: ServerProcess) -> None:
+    pages = []
+    for _ in range(2):
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        pg.goto(server.url + "/")
+        set_settings(pg, temperature=0, max_tokens=400)
+        pages.append(pg)
+    for pg in pages:
+        send(pg, LONG)
+    deadline = time.time() + 60  # a deadline for a slow machine, not a speed the test needs
+    busy = 0
+    while time.time() < deadline and busy < 2:
+        busy = sum(s["state"] == "generating" for s in server.get("/slots").json())
+        time.sleep(0.05)
+    assert busy >= 2
+    lengths = [len(reply_text(pg)) for pg in pages]
+    deadline = time.time() + 60
+    while not all(len(reply_text(pg)) > n for pg, n in zip(pages, lengths)):  # both still growing
+        assert time.time() < deadline, "a reply stopped growing while both were generating"
+        time.sleep(0.05)
+    for pg in pages:
+        pg.click("#stop")
+        pg.context.close()
+
+
+def test_api_key_is_asked_once_and_errors_show_as_messages(browser, smollm2_path: Path, model_cache: Path) -> None:
+    srv = ServerProcess(MODEL, model_cache, "--parallel", "1", "--api-key", "s3cret", "--ctx-size", "512")
+    try:
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        answers = iter(["wrong", "s3cret"])
+        pg.on("dialog", lambda d: d.accept(next(answers)))
+        pg.goto(srv.url + "/")
+        set_settings(pg, temperature=0, max_tokens=4)
+        send(pg, "Hi")  # 401 with the wrong key: asked again, then it works
+        pg.wait_for_selector(".message.assistant .stats", timeout=30000)
+        assert pg.evaluate("localStorage.getItem('runner.apiKey')") == "s3cret"
+        srv.stop()
+        send(pg, "Hi again")
+        pg.wait_for_selector(".message.assistant.error")
+        assert "unreachable" in pg.locator(".message.assistant.error").inner_text()
+        ctx.close()
+    finally:
+        srv.stop()
+
+
+def test_error_envelope_text_is_shown(page, server: ServerProcess) -> None:
+    set_settings(page, max_tokens=4)
+    page.evaluate("localStorage.setItem('runner.conversations', JSON.stringify([{id: 'x', title: 't', "
+                  "settings: {model: 'no-such-model', max_tokens: 4}, messages: []}])); "
+                  "localStorage.setItem('runner.current', 'x')")
+    page.reload()
+    send(page, "Hi")
+    page.wait_for_selector(".message.assistant.error")
+    assert "404: The model 'no-such-model' does not exist" in page.locator(".message.error").inner_text()
