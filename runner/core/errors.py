@@ -25,3 +25,7 @@ class PullError(RunnerError):
 
 class MemoryPlanError(RunnerError):
     """The requested slots and context will not fit in memory."""
+
+
+class OptionError(RunnerError):
+    """Engine options that cannot go together."""

@@ -221,6 +221,10 @@ class Model:
 
 
 
+_FLASH_ATTN = {"auto": _lc.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": _lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
 @dataclass(frozen=True)
 class ContextShape:
     n_seq: int
@@ -229,6 +233,7 @@ class ContextShape:
     n_threads: int
     kv_unified: bool = True
     kv_type: str = "f16"
+    flash_attn: str = "auto"  # auto (llama.cpp decides), on, off
     n_junk_max: int = 0  # tokens a batch may carry beyond n_batch: the junk tokens of batch padding
 
     @property
@@ -318,8 +323,8 @@ class Context:
         params.kv_unified = shape.kv_unified
         # the KV types are the names in options.KV_BYTES_PER_VALUE
         params.type_k = params.type_v = getattr(_lc, f"GGML_TYPE_{shape.kv_type.upper()}")
-        if shape.kv_type != "f16":
-            params.flash_attn_type = _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp needs it for a quantized V cache
+        flash_attn = "on" if shape.kv_type != "f16" and shape.flash_attn == "auto" else shape.flash_attn
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]  # (llama.cpp needs it on for a quantized V cache)
         params.no_perf = True
         _recent_log.clear()
         self._ptr = _lc.llama_init_from_model(model._ptr, params)

@@ -22,7 +22,7 @@ def chat(smollm2_path: Path, model_cache: Path):
         ["-m", "runner", "chat", "smollm2-135m-instruct", "--temperature", "0", "--max-tokens", "400", "-q"],
         env={**os.environ, "RUNNER_CACHE_DIR": str(model_cache), "TERM": "dumb"},
         encoding="utf-8",
-        timeout=60,
+        timeout=240,  # a reply may run to 400 tokens on a machine loaded by other work: wait for it
         dimensions=(50, 400),
     )
     child.expect_exact(PROMPT)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from runner.config.options import EngineOptions, physical_cores
 
 
@@ -16,3 +18,19 @@ def test_threads_default_to_physical_cores_not_hardware_threads() -> None:
     assert physical_cores(cpuinfo(two_sockets_smt)) == 4
     assert physical_cores("processor\t: 0\n") == (os.cpu_count() or 1)  # no topology (some VMs, ARM)
     assert EngineOptions().threads == physical_cores()
+
+
+def test_batch_invariant_mode_turns_flash_attention_off_and_refuses_what_needs_it() -> None:
+    from runner.config.options import EngineOptions, flash_attention
+    from runner.core.errors import OptionError
+
+    assert flash_attention(EngineOptions()) == "auto"
+    assert flash_attention(EngineOptions(batch_invariant="on")) == "off"
+    assert flash_attention(EngineOptions(kv_type="q8_0")) == "on"
+    assert flash_attention(EngineOptions(flash_attn="off")) == "off"
+    with pytest.raises(OptionError, match="needs --kv-type f16"):
+        flash_attention(EngineOptions(batch_invariant="on", kv_type="q4_0"))
+    with pytest.raises(OptionError, match="leave out --flash-attn on"):
+        flash_attention(EngineOptions(batch_invariant="on", flash_attn="on"))
+    with pytest.raises(OptionError, match="needs flash attention"):
+        flash_attention(EngineOptions(kv_type="q8_0", flash_attn="off"))
