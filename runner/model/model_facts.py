@@ -10,7 +10,7 @@ from __future__ import annotations
 from runner.prompt.chat_template import ChatTemplate
 from runner.prompt.tools import HERMES, syntax_of
 from runner.runtime.llama import Model
-from runner.scheduler.scheduler import PromptTooLongError
+from runner.scheduler.scheduler import PromptTooLongError, check_prompt_length
 
 
 class TokenIdError(ValueError):
@@ -54,13 +54,7 @@ class ModelFacts:
 
     def check_prompt(self, n_prompt: int) -> None:
         """A prompt no slot can hold (or an empty one) is refused here, once, before it is queued."""
-        if n_prompt == 0:
-            raise PromptTooLongError("the prompt is empty: at least one token is needed")
-        if n_prompt >= self.ctx_size:
-            raise PromptTooLongError(
-                f"the prompt has {n_prompt} tokens but a slot's context holds {self.ctx_size} "
-                f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
-            )
+        check_prompt_length(n_prompt, self.ctx_size)
 
     def room_after(self, n_prompt: int) -> int:
         """Tokens a reply can take after a prompt this long."""

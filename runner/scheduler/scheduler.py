@@ -41,6 +41,17 @@ class PromptTooLongError(RunnerError):
     """The prompt does not fit in one slot's context."""
 
 
+def check_prompt_length(n_prompt: int, n_ctx_per_slot: int) -> None:
+    """PromptTooLongError for an empty prompt, or one that leaves a slot no room to generate."""
+    if n_prompt == 0:
+        raise PromptTooLongError("the prompt is empty: at least one token is needed")
+    if n_prompt >= n_ctx_per_slot:
+        raise PromptTooLongError(
+            f"the prompt has {n_prompt} tokens but a slot's context holds {n_ctx_per_slot} "
+            f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
+        )
+
+
 class KvOps(Protocol):
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
@@ -62,13 +73,7 @@ class Scheduler:
 
     # -- intake -------------------------------------------------------------------------
     def check_prompt(self, n_prompt: int) -> None:
-        if n_prompt == 0:
-            raise PromptTooLongError("the prompt is empty: at least one token is needed")
-        if n_prompt >= self.n_ctx_per_slot:
-            raise PromptTooLongError(
-                f"the prompt has {n_prompt} tokens but a slot's context holds {self.n_ctx_per_slot} "
-                f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
-            )
+        check_prompt_length(n_prompt, self.n_ctx_per_slot)
 
     def is_queue_full(self, n_arriving: int = 0) -> bool:
         """Would one more request (after n_arriving not yet submitted) wait beyond --max-queue?"""

@@ -101,21 +101,6 @@ def check_model(requested: str | None, served: list[str]) -> None:
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def _tools(value: Any) -> tuple[Tool, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise invalid("'tools' must be a list of function tools", "tools", "invalid_type")
-    tools = []
-    for i, item in enumerate(value):
-        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
-        if not isinstance(fn, dict):
-            raise invalid(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}", f"tools[{i}]")
-        tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
-                                   f"tools[{i}].function"))
-    return distinct_tools(tools)
-
-
 def function_tool(name: Any, description: Any, parameters: Any, where: str, params_key: str = "parameters") -> Tool:
     """One function tool, whatever the dialect's wrapping; `where` is its path in the request, for errors."""
     if not isinstance(name, str) or not TOOL_NAME.match(name):
