@@ -17,6 +17,7 @@ T = TypeVar("T")
 KV_BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 DEFAULT_MAX_TOKENS = 1024  # a reply's length when nobody says (also never past the slot's context)
 N_UBATCH_MAX = 512  # llama.cpp runs a batch in micro-batches of at most this many tokens (its n_ubatch)
+INVARIANT_UBATCH = 63  # ... and under --batch-invariant on, of fewer than flash attention's 64 (micro_batch_max)
 
 
 def physical_cores(cpuinfo: str | None = None) -> int:
@@ -57,37 +58,33 @@ class EngineOptions:
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
     jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "
                                    "continuation, decode those tokens in one step", choices=("on", "off"))
-    flash_attn: str = _opt("auto", "llama.cpp's flash attention: auto (llama.cpp decides; on for CPUs), on, off; "
-                                   "--batch-invariant on turns it off (its CPU kernel takes another path for 64 "
-                                   "or more rows, so a prompt's last token differs cold and cached); a quantized "
-                                   "--kv-type needs it", choices=("auto", "on", "off"))
+    flash_attn: str = _opt("auto", "llama.cpp's flash attention: auto (llama.cpp decides; on for CPUs), on, off "
+                                   "(a quantized --kv-type needs it)", choices=("auto", "on", "off"))
     batch_invariant: str = _opt("off", "on: where llama.cpp's kernels would make a token's logits depend on what "
                                        "shares its step (F16/F32 weights on x86, found by a probe at load), pad "
-                                       "batches, and turn flash attention off, so greedy output is the same cold or "
-                                       "cached, alone, under load and with speculation (costs F16 models up to 1.7x "
-                                       "single-stream speed, quantized ones 5-16%: docs/benchmarks.md); off: never "
-                                       "pad, flash attention as --flash-attn says", choices=("off", "on"))
+                                       "lone rows and keep micro-batches under 64 tokens, so greedy output is the "
+                                       "same cold or cached, alone, under load and with speculation (costs: "
+                                       "docs/benchmarks.md); off: never pad, micro-batches of up to 512",
+                                       choices=("off", "on"))
 
 
 def flash_attention(options: EngineOptions) -> str:
-    """What llama.cpp's flash attention is set to (on, off or auto) for these options.
-
-    Its CPU kernel takes another path for a micro-batch of 64 or more rows than for a few, so a
-    prompt's last token gets other logits computed inside a long prefill chunk (cold) than alone
-    (its prefix cached): batch-invariant mode turns it off. A quantized V cache needs it."""
-    quantized_kv = options.kv_type != "f16"
-    if options.batch_invariant == "on":
-        if quantized_kv:
-            raise OptionError(f"--batch-invariant on needs --kv-type f16: a {options.kv_type} KV cache needs flash "
-                              "attention, whose CPU kernel is not batch-invariant")
-        if options.flash_attn == "on":
-            raise OptionError("--batch-invariant on turns flash attention off: leave out --flash-attn on")
-        return "off"
-    if quantized_kv:
+    """What llama.cpp's flash attention is set to (on, off or auto) for these options: a quantized
+    V cache needs it on."""
+    if options.kv_type != "f16":
         if options.flash_attn == "off":
             raise OptionError(f"--kv-type {options.kv_type} needs flash attention: leave out --flash-attn off")
         return "on"
     return options.flash_attn
+
+
+def micro_batch_max(options: EngineOptions) -> int:
+    """Tokens per llama.cpp micro-batch (its n_ubatch). Flash attention's CPU kernel takes another
+    path for 64 or more rows than for fewer, so a prompt's last token computed inside a long
+    prefill chunk (cold) gets other logits than the same token computed alone after its cached
+    prefix: batch-invariant mode keeps every micro-batch under 64 tokens (and pads lone rows,
+    runtime.model_runner), so every row takes the few-rows path."""
+    return INVARIANT_UBATCH if options.batch_invariant == "on" else N_UBATCH_MAX
 
 
 SAMPLING_HELP = {

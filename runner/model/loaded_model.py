@@ -12,7 +12,7 @@ from pathlib import Path
 from runner.catalog.catalog import ModelRef
 from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
-from runner.config.options import EngineOptions, flash_attention
+from runner.config.options import EngineOptions, flash_attention, micro_batch_max
 from runner.model.model_facts import ModelFacts
 from runner.prompt.chat_template import (
     ChatTemplate,
@@ -79,6 +79,7 @@ class LoadedModel:
                 kv_unified=False,  # one KV stream per slot: measured identical to single-sequence output
                 kv_type=self.options.kv_type,
                 flash_attn=flash_attention(self.options),
+                n_ubatch_max=micro_batch_max(self.options),
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
             self.facts = ModelFacts(self.model, self.template, self.options.ctx_size, self.options.parallel,

@@ -234,11 +234,12 @@ class ContextShape:
     kv_unified: bool = True
     kv_type: str = "f16"
     flash_attn: str = "auto"  # auto (llama.cpp decides), on, off
+    n_ubatch_max: int = N_UBATCH_MAX  # tokens per micro-batch (llama.cpp's n_ubatch), at most
     n_junk_max: int = 0  # tokens a batch may carry beyond n_batch: the junk tokens of batch padding
 
     @property
     def n_ubatch(self) -> int:
-        return min(self.n_batch, N_UBATCH_MAX)
+        return min(self.n_batch, self.n_ubatch_max)
 
     @property
     def n_batch_max(self) -> int:

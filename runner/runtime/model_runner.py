@@ -165,9 +165,8 @@ ATTENTION_PROBE_TOKENS = 300  # a prompt length where a lone last token takes an
 
 def attention_invariant(context: Context, batch: Batch) -> bool:
     """Does a prompt's last token get the same logits computed alone after its prefix (cached) as
-    inside the prompt's one chunk (cold)? With flash attention off, the attention's matmul over an
-    F16 KV still takes another path for one row than for several at some lengths (257-300 tokens
-    of SmolLM2 here, not 400): then lone rows are padded too."""
+    inside the prompt's chunks (cold)? Flash attention's CPU kernel gives one row other logits than
+    several past 256 positions (SmolLM2 here), whatever the weights: then lone rows are padded too."""
     n = min(ATTENTION_PROBE_TOKENS, context.shape.n_ctx_per_seq - 1, context.shape.n_batch)
     n_vocab = context.model.n_vocab
     token_ids = [(i * 7919 + 1) % n_vocab for i in range(n)]

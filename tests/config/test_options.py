@@ -20,17 +20,19 @@ def test_threads_default_to_physical_cores_not_hardware_threads() -> None:
     assert EngineOptions().threads == physical_cores()
 
 
-def test_batch_invariant_mode_turns_flash_attention_off_and_refuses_what_needs_it() -> None:
+def test_flash_attention_as_asked_but_on_for_a_quantized_kv_cache() -> None:
     from runner.config.options import EngineOptions, flash_attention
     from runner.core.errors import OptionError
 
     assert flash_attention(EngineOptions()) == "auto"
-    assert flash_attention(EngineOptions(batch_invariant="on")) == "off"
-    assert flash_attention(EngineOptions(kv_type="q8_0")) == "on"
     assert flash_attention(EngineOptions(flash_attn="off")) == "off"
-    with pytest.raises(OptionError, match="needs --kv-type f16"):
-        flash_attention(EngineOptions(batch_invariant="on", kv_type="q4_0"))
-    with pytest.raises(OptionError, match="leave out --flash-attn on"):
-        flash_attention(EngineOptions(batch_invariant="on", flash_attn="on"))
+    assert flash_attention(EngineOptions(kv_type="q8_0")) == "on"
     with pytest.raises(OptionError, match="needs flash attention"):
         flash_attention(EngineOptions(kv_type="q8_0", flash_attn="off"))
+
+
+def test_batch_invariant_mode_keeps_micro_batches_under_flash_attentions_64_rows() -> None:
+    from runner.config.options import EngineOptions, micro_batch_max
+
+    assert micro_batch_max(EngineOptions()) == 512
+    assert micro_batch_max(EngineOptions(batch_invariant="on")) == 63

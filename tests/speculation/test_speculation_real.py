@@ -47,7 +47,7 @@ def generate(loaded: LoadedModel, max_tokens: int, speculate: list[bool]) -> lis
 
 
 def invariance(target: str) -> str:
-    return "on" if target == "f16" else "off"  # quantized weights are batch-invariant as they are
+    return "on" if target == "f16" else "off"  # quantized weights are batch-invariant as they are (these short prompts)
 
 
 @pytest.fixture(scope="module")
