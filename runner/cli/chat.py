@@ -131,10 +131,16 @@ def run_repl(runner: Runner, system: str | None, **kwargs: Any) -> int:
         if not text.strip():
             continue
         convo.turns.append(Message("user", text))
-        reply, stats = stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+        try:
+            reply, stats = stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+        except KeyboardInterrupt:  # Ctrl-C after the line was read, before the reply's own handler took over
+            reply, stats = "", ReplyStats(0, 0.0, None, was_stopped=True)
         print()
         print(stats.line())
-        convo.turns.append(Message("assistant", reply))
+        if reply:
+            convo.turns.append(Message("assistant", reply))
+        else:  # no words (stopped before the first, or an empty reply): the question is dropped too
+            convo.turns.pop()
 
 
 def run_piped(runner: Runner, system: str | None, **kwargs: Any) -> int:

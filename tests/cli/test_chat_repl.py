@@ -41,6 +41,7 @@ def ask(child: pexpect.spawn, text: str) -> tuple[str, re.Match]:
 
 def test_reply_streams_and_ctrl_c_stops_it_without_exiting(chat: pexpect.spawn) -> None:
     chat.sendline("Write a very long story about a dragon who learns to bake bread.")
+    chat.expect_exact("bake bread.\r\n")  # the terminal's echo of the line, not yet the reply
     chat.expect(r"\w+ \w+ \w+")  # the reply has started streaming
     chat.sendintr()
     chat.expect(STATS)
