@@ -76,9 +76,11 @@ def _call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
 
 def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None) -> str:
     """A Lark grammar (llguidance) for a reply that is only calls to these tools (json_layout: the
-    JSON compiler's options, e.g. no free whitespace)."""
+    JSON compiler's options, e.g. no free whitespace). Lenient: a keyword of a tool's schema the
+    compiler does not implement (Claude Code's tools use propertyNames) is not enforced, where a
+    strict compile would refuse the whole request; the client checks the arguments it gets anyway."""
     key = "parameters" if syntax == LLAMA3 else "arguments"
-    schema = json.dumps({**_call_schema(tools, key), **({"x-guidance": json_layout} if json_layout else {})})
+    schema = json.dumps({**_call_schema(tools, key), "x-guidance": {**(json_layout or {}), "lenient": True}})
     if syntax == MISTRAL:
         more = ' ("," " " call)*' if parallel else ""
         return f'start: "[TOOL_CALLS]" "[" call{more} "]"\ncall: %json {schema}\n'

@@ -50,13 +50,17 @@ def _text_of(value: Any, where: str) -> str:
 
 
 def _turns(index: int, message: Any) -> list[Message]:
-    """One Anthropic message as chat turns: tool results become tool turns, tool uses calls."""
+    """One Anthropic message as chat turns: tool results become tool turns, tool uses calls; a
+    system message (Claude Code sends them mid-conversation) joins the system text; earlier
+    thinking blocks are left out (templates drop a past turn's reasoning)."""
     where = f"messages.{index}"
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise invalid(f"{where}: role must be user or assistant", where)
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+        raise invalid(f"{where}: role must be user, assistant or system", where)
     role, content = message["role"], message.get("content")
     if isinstance(content, str):
         return [Message(role, content)]
+    if role == "system":
+        return [Message(role, _text_of(content, f"{where}.content"))]
     if not isinstance(content, list):
         raise invalid(f"{where}.content must be a string or a list of content blocks", where)
     texts: list[str] = []
@@ -71,6 +75,8 @@ def _turns(index: int, message: Any) -> list[Message]:
         elif kind == "tool_result" and role == "user" and isinstance(block.get("tool_use_id"), str):
             results.append(Message("tool", _text_of(block.get("content", ""), f"{where}.content.{j}.content"),
                                    tool_call_id=block["tool_use_id"]))
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue
         else:
             raise invalid(f"{where}.content.{j}: unsupported content block type {json.dumps(kind)}", where)
     turns = results
@@ -79,27 +85,51 @@ def _turns(index: int, message: Any) -> list[Message]:
     return turns
 
 
-def _tools(value: Any) -> tuple[Tool, ...]:
+def _tools(value: Any) -> tuple[tuple[Tool, ...], tuple[str, ...]]:
+    """The client tools (custom: a name and an input_schema), and the names of those left out: the
+    server tools (web_search_*, code_execution_*, ...) and Anthropic-defined client tools (bash_*,
+    text_editor_*), whose schemas this server does not have."""
     if value is None:
-        return ()
+        return (), ()
     if not isinstance(value, list):
         raise invalid("tools must be a list", "tools")
-    tools = []
+    tools, ignored = [], []
     for i, tool in enumerate(value):
         fields = tool if isinstance(tool, dict) else {}
-        tools.append(request_fields.function_tool(fields.get("name"), fields.get("description"), fields.get("input_schema"),
-                                            f"tools.{i}", "input_schema"))
-    return request_fields.distinct_tools(tools)
+        if fields.get("type") not in (None, "custom"):
+            ignored.append(str(fields.get("name") or fields.get("type")))
+            continue
+        tools.append(request_fields.function_tool(fields.get("name"), fields.get("description"),
+                                                  fields.get("input_schema"), f"tools.{i}", "input_schema"))
+    return request_fields.distinct_tools(tools), tuple(ignored)
 
 
-def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
+def _tool_choice(value: Any, tools: tuple[Tool, ...], ignored: tuple[str, ...]) -> tuple[str, bool]:
+    """The tool choice, and whether parallel calls are allowed (disable_parallel_tool_use)."""
     if value is None:
-        return request_fields.checked_tool_choice(None, value, tools)
+        return request_fields.checked_tool_choice(None, value, tools), True
     kind = value.get("type") if isinstance(value, dict) else None
     choice = value.get("name") if kind == "tool" else {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
     if choice is None and kind != "tool":
         raise invalid("tool_choice.type must be auto, any, tool or none", "tool_choice")
-    return request_fields.checked_tool_choice(choice, value, tools)
+    if choice in ignored:
+        raise invalid(f"tool_choice names {json.dumps(choice)}, a tool this server cannot run", "tool_choice")
+    parallel = not value.get("disable_parallel_tool_use", False)
+    return request_fields.checked_tool_choice(choice, value, tools), parallel
+
+
+def _shows_thinking(value: Any) -> bool:
+    """`thinking`: enabled (with a budget_tokens) or adaptive shows a reasoning model's thinking as
+    thinking blocks; disabled or absent leaves it out. On a model that does not reason, nothing
+    changes. The budget is not enforced: the model thinks as long as it does."""
+    if value is None:
+        return False
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise invalid("thinking.type must be enabled, adaptive or disabled", "thinking")
+    if kind == "enabled" and not request_fields.is_kind(value.get("budget_tokens"), "integer"):
+        raise invalid("thinking.budget_tokens: an integer is required when thinking is enabled", "thinking")
+    return kind != "disabled"
 
 
 def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
@@ -114,17 +144,22 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     system = body.get("system")
     if system is not None:
         turns.insert(0, Message("system", _text_of(system, "system")))
+    turns = request_fields.system_first(turns)
+    if not any(t.role != "system" for t in turns):
+        raise invalid("messages: at least one user or assistant message is required", "messages")
     stop = body.get("stop_sequences") or []
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise invalid("stop_sequences must be a list of strings", "stop_sequences")
     temperature = TEMPERATURE.read(body, 1.0)
     sampling = SamplingParams(temperature=temperature, top_p=request_fields.SAMPLING["top_p"].read(body, _DEFAULTS.top_p),
                               top_k=request_fields.SAMPLING["top_k"].read(body, _DEFAULTS.top_k))
-    tools = _tools(body.get("tools"))
+    tools, ignored = _tools(body.get("tools"))
+    choice, parallel = _tool_choice(body.get("tool_choice"), tools, ignored)
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
                           stop=tuple(s for s in stop if s), stream=stream)
-    return ChatParams(common=common, messages=turns, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools))
+    return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+                      ignored_tools=ignored, show_thinking=_shows_thinking(body.get("thinking")))
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:
@@ -135,22 +170,35 @@ def new_tool_use_id() -> str:
     return "toolu_" + secrets.token_hex(12)
 
 
+def _empty_block(kind: str) -> dict[str, Any]:
+    return {"type": "text", "text": "", "citations": None} if kind == "text" else \
+        {"type": "thinking", "thinking": "", "signature": ""}
+
+
+def _delta(kind: str, text: str) -> dict[str, Any]:
+    return {"type": "text_delta", "text": text} if kind == "text" else {"type": "thinking_delta", "thinking": text}
+
+
 class MessageBuilder:
-    """One request's Anthropic response: a whole message, or its stream of events."""
+    """One request's Anthropic response: a whole message, or its stream of events. The message
+    carries every field of Anthropic's Message object (null where this server has no value)."""
 
     def __init__(self, request_id: str, model: str, n_prompt: int, stop_sequences: tuple[str, ...],
-                 reasoning: ReasoningSplitter | None, tools: ToolReading | None) -> None:
+                 reasoning: ReasoningSplitter | None, tools: ToolReading | None, show_thinking: bool = False) -> None:
         self.message_id = "msg_" + request_id.removeprefix("msg-")
         self.model = model
         self.n_prompt = n_prompt
         self.stop_sequences = stop_sequences
         self.reasoning = reasoning
         self.tools = tools
+        self.show_thinking = show_thinking and reasoning is not None
         self.text_parts: list[str] = []
         self.finish_reason: FinishReason | None = None
         self.stop_string: str | None = None
         self.usage: Usage | None = None
-        self._block_open = False
+        self._open: str | None = None  # the kind of the block streaming now: "text" or "thinking"
+        self._index = -1  # that block's index
+        self._has_text_block = False
         self._reply: tuple[list[dict[str, Any]], bool] | None = None  # the content blocks, once read
 
     def add(self, event: StreamEvent) -> None:
@@ -165,13 +213,16 @@ class MessageBuilder:
         return self._reply
 
     def _read_content(self) -> tuple[list[dict[str, Any]], bool]:
-        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)  # (reasoning left out here)
-        text, calls = reply.content, reply.calls
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
-        for call in calls:
+        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+        blocks: list[dict[str, Any]] = []
+        if self.show_thinking and reply.reasoning:
+            blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+        if reply.content or not reply.calls:
+            blocks.append({"type": "text", "text": reply.content, "citations": None})
+        for call in reply.calls:
             blocks.append({"type": "tool_use", "id": new_tool_use_id(), "name": call.name,
                            "input": json.loads(call.arguments)})
-        return blocks, bool(calls)
+        return blocks, bool(reply.calls)
 
     def _stop(self, has_calls: bool) -> tuple[str, str | None]:
         if has_calls:
@@ -182,56 +233,77 @@ class MessageBuilder:
             return "stop_sequence", self.stop_string
         return "end_turn", None
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> dict[str, Any]:
         usage = self.usage
         return {"input_tokens": self.n_prompt, "output_tokens": usage.completion_tokens if usage else 0,
-                "cache_read_input_tokens": usage.cached_tokens if usage else 0, "cache_creation_input_tokens": 0}
+                "cache_read_input_tokens": usage.cached_tokens if usage else 0, "cache_creation_input_tokens": 0,
+                "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+                "server_tool_use": None, "service_tier": "standard"}
+
+    def _message(self, content: list[dict[str, Any]], stop_reason: str | None,
+                 stop_sequence: str | None) -> dict[str, Any]:
+        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                "stop_details": None, "container": None, "usage": self._usage()}
 
     def whole(self) -> dict[str, Any]:
         blocks, has_calls = self._content()
-        stop_reason, stop_sequence = self._stop(has_calls)
-        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-                "content": blocks, "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": self._usage()}
+        return self._message(blocks, *self._stop(has_calls))
 
     # -- the stream ---------------------------------------------------------------------------
     def stream_start(self) -> str:
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.n_prompt, "output_tokens": 0}}
-        return _event("message_start", {"message": message}) + _event("ping", {})
+        return _event("message_start", {"message": self._message([], None, None)}) + _event("ping", {})
 
     def chunk_sse(self, event: StreamEvent) -> str | None:
-        """Text streams as it comes (reasoning left out); with tools the reply is sent when it ends."""
+        """Thinking (when asked for) and text stream as they come; with tools the reply is sent
+        when it ends."""
         self.add(event)
         if self.tools is not None:
-            return self._tool_blocks_sse() if event.is_final else None
-        text = event.text
-        if self.reasoning is not None:
-            _, text = self.reasoning.push(text)
-            if event.is_final:
-                text += self.reasoning.flush()[1]
-        out = ""
+            return self._whole_blocks_sse() if event.is_final else None
+        thought, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
+        if event.is_final and self.reasoning is not None:
+            more_thought, more_text = self.reasoning.flush()
+            thought, text = thought + more_thought, text + more_text
+        out = self._delta_sse("thinking", thought) if thought and self.show_thinking else ""
         if text:
-            if not self._block_open:
-                out += _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-                self._block_open = True
-            out += _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+            out += self._delta_sse("text", text)
         return out or None
 
-    def _tool_blocks_sse(self) -> str:
-        blocks, _ = self._content()
+    def _delta_sse(self, kind: str, text: str) -> str:
+        out = ""
+        if self._open != kind:
+            out += self._close_sse()
+            self._open, self._index = kind, self._index + 1
+            self._has_text_block = self._has_text_block or kind == "text"
+            out += _event("content_block_start", {"index": self._index, "content_block": _empty_block(kind)})
+        if not text:
+            return out
+        return out + _event("content_block_delta", {"index": self._index, "delta": _delta(kind, text)})
+
+    def _close_sse(self) -> str:
+        if self._open is None:
+            return ""
+        out = ""
+        if self._open == "thinking":  # a thinking block ends with its signature (none here: nothing is signed)
+            out += _event("content_block_delta", {"index": self._index,
+                                                  "delta": {"type": "signature_delta", "signature": ""}})
+        self._open = None
+        return out + _event("content_block_stop", {"index": self._index})
+
+    def _whole_blocks_sse(self) -> str:
         out = []
-        for i, block in enumerate(blocks):
-            if block["type"] == "text":
-                out.append(_event("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}))
-                out.append(_event("content_block_delta", {"index": i, "delta": {"type": "text_delta",
-                                                                                "text": block["text"]}}))
-            else:
-                start = {**block, "input": {}}
-                out.append(_event("content_block_start", {"index": i, "content_block": start}))
-                out.append(_event("content_block_delta", {"index": i, "delta": {
+        for block in self._content()[0]:
+            if block["type"] == "tool_use":
+                self._index += 1
+                out.append(_event("content_block_start", {"index": self._index,
+                                                          "content_block": {**block, "input": {}}}))
+                out.append(_event("content_block_delta", {"index": self._index, "delta": {
                     "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
-            out.append(_event("content_block_stop", {"index": i}))
+                out.append(_event("content_block_stop", {"index": self._index}))
+            else:
+                kind = block["type"]
+                out.append(self._delta_sse(kind, block[kind]))
+                out.append(self._close_sse())
         return "".join(out)
 
     def stream_error(self, message: str) -> str:
@@ -239,13 +311,16 @@ class MessageBuilder:
 
     def stream_end(self, include_usage: bool) -> str:
         out = ""
-        if self.tools is None:
-            if not self._block_open:  # an empty reply still has its one text block
-                out += _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-            out += _event("content_block_stop", {"index": 0})
+        if self.tools is None and not self._has_text_block:  # a reply always has its text block
+            out += self._delta_sse("text", "")
+        out += self._close_sse()
         has_calls = self.tools is not None and self._content()[1]
         stop_reason, stop_sequence = self._stop(has_calls)
-        out += _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                        "usage": {"output_tokens": self._usage()["output_tokens"]}})
+        usage = self._usage()
+        out += _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                                                  "stop_details": None, "container": None},
+                                        "usage": {k: usage[k] for k in ("input_tokens", "output_tokens",
+                                                                        "cache_read_input_tokens",
+                                                                        "cache_creation_input_tokens",
+                                                                        "server_tool_use")}})
         return out + _event("message_stop", {})
-

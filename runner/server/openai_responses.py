@@ -32,13 +32,15 @@ _DEFAULTS = SamplingParams()
 NOT_SUPPORTED = {
     "previous_response_id": lambda v: False, "conversation": lambda v: False, "prompt": lambda v: False,
     "store": lambda v: v is False, "background": lambda v: v is False, "truncation": lambda v: v == "disabled",
-    "max_tool_calls": lambda v: False, "reasoning": lambda v: False, "top_logprobs": lambda v: v == 0,
+    "max_tool_calls": lambda v: False, "top_logprobs": lambda v: v == 0,
 }
 WHY = {"previous_response_id": "this server stores no responses; send the whole conversation as 'input'",
        "conversation": "this server stores no conversations; send the whole conversation as 'input'",
        "store": "this server stores no responses; send store: false (or leave it out)"}
 # `include` values honoured: reasoning items always come back whole (in clear, nothing to encrypt)
 INCLUDABLE = {"reasoning.encrypted_content"}
+EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES = (None, "auto", "concise", "detailed", "none")
 
 
 def new_id(prefix: str) -> str:
@@ -105,19 +107,23 @@ def _messages(value: Any) -> list[Message]:
     return turns
 
 
-def _tools(value: Any) -> tuple[Tool, ...]:
+def _tools(value: Any) -> tuple[tuple[Tool, ...], tuple[str, ...]]:
+    """The function tools, and the names of the tools of other kinds (web_search, namespace,
+    file_search, mcp, ...): this server cannot run them, so they are left out of the prompt."""
     if value is None:
-        return ()
+        return (), ()
     if not isinstance(value, list):
-        raise invalid("'tools' must be a list of function tools", "tools", "invalid_type")
-    tools = []
+        raise invalid("'tools' must be a list of tools", "tools", "invalid_type")
+    tools, ignored = [], []
     for i, tool in enumerate(value):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise invalid(f"tools[{i}]: only function tools are supported here, got {json.dumps(kind)}", f"tools[{i}]")
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            raise invalid(f"tools[{i}] must be an object with a 'type'", f"tools[{i}]", "invalid_type")
+        if tool["type"] != "function":
+            ignored.append(str(tool.get("name") or tool["type"]))
+            continue
         tools.append(request_fields.function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"),
-                                            f"tools[{i}]"))
-    return request_fields.distinct_tools(tools)
+                                                  f"tools[{i}]"))
+    return request_fields.distinct_tools(tools), tuple(ignored)
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
@@ -125,10 +131,30 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
         choice = value
     elif isinstance(value, dict) and value.get("type") == "function":
         choice = value.get("name")
+    elif isinstance(value, dict) and isinstance(value.get("type"), str):
+        raise invalid(f"'tool_choice' asks for a {json.dumps(value['type'])} tool, which this server cannot run",
+                      "tool_choice", "unsupported_parameter")
     else:
         raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
                       "tool_choice")
     return request_fields.checked_tool_choice(choice, value, tools)
+
+
+def _reasoning(value: Any) -> dict[str, Any] | None:
+    """`reasoning` {effort, summary}: a reasoning model's thinking comes back as a reasoning item
+    whatever is asked; the effort is not enforced (the model thinks as long as it does), and on a
+    model that does not reason neither changes anything. Echoed in the Response."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("'reasoning' must be an object", "reasoning", "invalid_type")
+    effort, summary = value.get("effort"), value.get("summary", value.get("generate_summary"))
+    if effort not in EFFORTS:
+        raise invalid(f"'reasoning.effort' must be one of {', '.join(e for e in EFFORTS if e)}", "reasoning.effort")
+    if summary not in SUMMARIES:
+        raise invalid(f"'reasoning.summary' must be one of {', '.join(m for m in SUMMARIES if m)}",
+                      "reasoning.summary")
+    return {"effort": effort, "summary": summary}
 
 
 def _grammar(text: Any) -> GrammarSpec | None:
@@ -178,12 +204,19 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
         if not isinstance(instructions, str):
             raise invalid("'instructions' must be a string", "instructions", "invalid_type")
         turns.insert(0, Message("system", instructions))
+    turns = request_fields.system_first(turns)
+    if not any(t.role != "system" for t in turns):
+        raise invalid("'input' holds no user or assistant message", "input")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options", "invalid_type")
-    sampling = SamplingParams(temperature=request_fields.SAMPLING["temperature"].read(body, _DEFAULTS.temperature),
-                              top_p=request_fields.SAMPLING["top_p"].read(body, _DEFAULTS.top_p))
-    tools = _tools(body.get("tools"))
+    fields = request_fields.SAMPLING
+    sampling = SamplingParams(temperature=fields["temperature"].read(body, _DEFAULTS.temperature),
+                              top_p=fields["top_p"].read(body, _DEFAULTS.top_p),
+                              presence_penalty=fields["presence_penalty"].read(body, 0.0),
+                              frequency_penalty=fields["frequency_penalty"].read(body, 0.0))
+    _reasoning(body.get("reasoning"))
+    tools, ignored = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     grammar = _grammar(body.get("text"))
     if tools and choice != "none" and grammar is not None:
@@ -192,7 +225,7 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
                           max_tokens=MAX_OUTPUT_TOKENS.read(body), stream=request_fields.STREAM.read(body, False),
                           grammar=grammar)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
-                      parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True))
+                      parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True), ignored_tools=ignored)
 
 
 def echoed(body: dict[str, Any], params: ChatParams) -> dict[str, Any]:
@@ -201,11 +234,16 @@ def echoed(body: dict[str, Any], params: ChatParams) -> dict[str, Any]:
     if choice not in ("auto", "none", "required"):
         choice = {"type": "function", "name": choice}
     text = body.get("text") if isinstance(body.get("text"), dict) else {"format": {"type": "text"}}
+    sampling = params.common.sampling
     return {
-        "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-        "max_output_tokens": params.common.max_tokens, "parallel_tool_calls": params.parallel_tool_calls,
-        "temperature": params.common.sampling.temperature, "top_p": params.common.sampling.top_p,
-        "tool_choice": choice, "text": text, "store": False, "truncation": "disabled",
+        "previous_response_id": None, "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
+        "max_output_tokens": params.common.max_tokens, "max_tool_calls": None,
+        "parallel_tool_calls": params.parallel_tool_calls, "temperature": sampling.temperature,
+        "top_p": sampling.top_p, "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty, "top_logprobs": 0, "reasoning": _reasoning(body.get("reasoning")),
+        "tool_choice": choice, "text": text, "store": False, "background": False, "truncation": "disabled",
+        "service_tier": "default", "prompt_cache_key": body.get("prompt_cache_key"),
+        "safety_identifier": body.get("safety_identifier"), "user": body.get("user"),
         "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
                    "strict": False} for t in params.tools],
     }
@@ -261,6 +299,7 @@ class ResponsesBuilder:
     def _response(self, status: str) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
+            "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
             "model": self.model, "output": self.output if status != "in_progress" else [],
             "error": None, "incomplete_details": None, "usage": None, **self.settings,
         }

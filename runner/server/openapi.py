@@ -8,7 +8,7 @@ from typing import Any
 
 from runner import __version__
 from runner.prompt.chat_template import ROLES
-from runner.server import openai_params
+from runner.server import openai_params, openapi_dialects
 from runner.server.request_fields import Field
 
 ERROR_STATUSES = {"400": "bad input", "401": "missing or wrong API key", "403": "Host or Origin not allowed",
@@ -92,16 +92,18 @@ def _request_body(fields: tuple[Field, ...], extra: dict[str, Any], required: li
     return {"required": True, "content": {"application/json": {"schema": _object(properties, required, extra=True)}}}
 
 
+# each server-sent event: data is a JSON chunk (or [DONE]); a failure mid-stream is an error envelope
+EVENT_STREAM = {"text/event-stream": {"schema": _object({"data": {"type": "string"}, "event": {"type": "string"}},
+                                                        ["data"], extra=True)}}
+
+
+def _errors(statuses: list[str]) -> dict[str, Any]:
+    return {s: {"description": ERROR_STATUSES[s], "content": {"application/json": {"schema": ERROR}}} for s in statuses}
+
+
 def _responses(ok: dict[str, Any], streams: bool, errors: list[str]) -> dict[str, Any]:
-    content = {"application/json": {"schema": ok}}
-    if streams:
-        # each server-sent event: data is a JSON chunk (or [DONE]); a failure mid-stream is an error envelope
-        content["text/event-stream"] = {"schema": _object({"data": {"type": "string"}, "event": {"type": "string"}},
-                                                          ["data"], extra=True)}
-    out: dict[str, Any] = {"200": {"description": "the reply", "content": content}}
-    for status in errors:
-        out[status] = {"description": ERROR_STATUSES[status], "content": {"application/json": {"schema": ERROR}}}
-    return out
+    content = {"application/json": {"schema": ok}, **(EVENT_STREAM if streams else {})}
+    return {"200": {"description": "the reply", "content": content}, **_errors(errors)}
 
 
 def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | None = None) -> dict[str, Any]:
@@ -119,7 +121,7 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "runner", "version": __version__,
-                 "description": "OpenAI-compatible API of a local runner server"},
+                 "description": "OpenAI- and Anthropic-compatible API of a local runner server"},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
@@ -137,6 +139,7 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
                         "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         },
     }
+    doc["paths"].update(openapi_dialects.paths(_errors(api_errors), EVENT_STREAM, model_ids, needs_key))
     for path in ("/v1/chat/completions", "/v1/completions"):
         properties = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
         for name in ("n", "best_of"):

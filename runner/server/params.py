@@ -34,6 +34,8 @@ class ChatParams:
     tools: tuple[Tool, ...] = ()
     tool_choice: str = "auto"  # "auto", "none", "required", or the name of the function to call
     parallel_tool_calls: bool = True
+    ignored_tools: tuple[str, ...] = ()  # tools of kinds this server cannot run, left out of the prompt
+    show_thinking: bool = False  # Messages: a reasoning model's thinking comes back as thinking blocks
 
 
 @dataclass(frozen=True)

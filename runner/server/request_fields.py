@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from runner.prompt.chat_template import Message
 from runner.prompt.tools import Tool
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import MAX_JSON_DEPTH, check_json_value
@@ -128,3 +130,23 @@ def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...]) -> str
     if choice != "none" and not tools:
         raise invalid(f"tool_choice {json.dumps(value)} needs 'tools'", "tool_choice")
     return choice
+
+
+IGNORED_TOOLS_HEADER = "x-runner-ignored-tools"  # names the request's tools this server left out
+
+
+def ignored_tools_header(ignored: tuple[str, ...]) -> dict[str, str]:
+    """The reply's header naming the tools left out of the prompt (none: no header); each name
+    percent-encoded where it is not plain ASCII (a header is latin-1), the list cut at 4 KB."""
+    if not ignored:
+        return {}
+    value = ", ".join(urllib.parse.quote(name, safe="_-.:/@") for name in ignored)
+    return {IGNORED_TOOLS_HEADER: value if len(value) <= 4096 else value[:4093] + "..."}
+
+
+def system_first(turns: list[Message]) -> list[Message]:
+    """Every system (and developer) turn, wherever it stood, joined in order into one system turn
+    at the start: chat templates take one system message, first; the agents send several."""
+    system = [t.content for t in turns if t.role == "system" and t.content]
+    rest = [t for t in turns if t.role != "system"]
+    return ([Message("system", "\n\n".join(system))] if system else []) + rest

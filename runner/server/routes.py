@@ -36,7 +36,7 @@ from runner.server.openai_chat_replies import (
 )
 from runner.server.openai_params import parse_chat, parse_completion, parse_embeddings
 from runner.server.openapi import openapi_document
-from runner.server.request_fields import check_model
+from runner.server.request_fields import check_model, ignored_tools_header
 from runner.server.state import ServerState
 from runner.server.streaming import ReplyBuilder, run
 
@@ -82,7 +82,8 @@ async def responses(state: ServerState, request: Request) -> Response:
     builder = openai_responses.ResponsesBuilder(
         chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids),
         openai_responses.echoed(body, params), reasoning_splitter(state, chat.gen.prompt_ids), chat.reading)
-    return await run(state, request, chat.gens, builder, chat.common.stream)
+    return await run(state, request, chat.gens, builder, chat.common.stream,
+                     headers=ignored_tools_header(params.ignored_tools))
 
 
 async def messages(state: ServerState, request: Request) -> Response:
@@ -92,8 +93,9 @@ async def messages(state: ServerState, request: Request) -> Response:
         chat = await chat_request(state, params, "msg")
         builder = anthropic_messages.MessageBuilder(
             chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids), chat.common.stop,
-            reasoning_splitter(state, chat.gen.prompt_ids), chat.reading)
-        return await run(state, request, chat.gens, builder, chat.common.stream)
+            reasoning_splitter(state, chat.gen.prompt_ids), chat.reading, params.show_thinking)
+        return await run(state, request, chat.gens, builder, chat.common.stream,
+                         headers=ignored_tools_header(params.ignored_tools))
     except ApiError as exc:
         return anthropic_messages.error_response(exc)
 
@@ -152,7 +154,7 @@ async def openapi(state: ServerState, request: Request) -> Response:
 async def health(state: ServerState, request: Request) -> Response:
     if not state.engine_thread.is_alive:
         return JSONResponse({"status": "error", "error": "the engine thread has stopped"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "ok", "model": state.served_name, "slot_context": state.facts.ctx_size})
 
 
 async def slots(state: ServerState, request: Request) -> Response:

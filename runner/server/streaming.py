@@ -32,8 +32,9 @@ class ReplyBuilder(Protocol):
 
 
 async def run(state: ServerState, request: Request, gens: list[GenerationRequest], builder: ReplyBuilder,
-              stream: bool, include_usage: bool = False) -> Response:
-    """Submit the request's generations (one per choice) and answer: a stream, or the whole reply."""
+              stream: bool, include_usage: bool = False, headers: dict[str, str] | None = None) -> Response:
+    """Submit the request's generations (one per choice) and answer: a stream, or the whole reply
+    (with these headers either way)."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     sink = state.event_pump().sink_for(events)
     try:
@@ -46,8 +47,8 @@ async def run(state: ServerState, request: Request, gens: list[GenerationRequest
     ids = [gen.request_id for gen in gens]
     if stream:
         return StreamingResponse(_stream(state, ids, events, builder, include_usage),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(state, request, ids, events, builder)
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})})
+    return await _collect(state, request, ids, events, builder, headers or {})
 
 
 def _cancel(state: ServerState, request_ids: list[str]) -> None:
@@ -92,7 +93,7 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 async def _collect(state: ServerState, request: Request, request_ids: list[str], events: asyncio.Queue[StreamEvent],
-                   builder: ReplyBuilder) -> Response:
+                   builder: ReplyBuilder, headers: dict[str, str]) -> Response:
     """A whole (non-streamed) reply; a client that leaves meanwhile cancels its request at once."""
     gone = asyncio.ensure_future(_wait_for_disconnect(request))
     finished = False
@@ -112,7 +113,7 @@ async def _collect(state: ServerState, request: Request, request_ids: list[str],
             n_running -= event.is_final
             if n_running == 0:
                 finished = True
-                return JSONResponse(builder.whole())
+                return JSONResponse(builder.whole(), headers=headers)
     finally:
         gone.cancel()
         if not finished:  # the client went away (or this task was cancelled, or a choice failed): free the slots

@@ -109,3 +109,24 @@ def test_a_required_call_is_emitted_in_the_familys_syntax_and_read_back(family: 
         assert parallel or len(calls) == 1
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), (WEATHER if call.name == WEATHER.name else ADD).parameters)
+
+
+def test_a_tool_schema_keyword_the_grammar_cannot_enforce_is_left_unenforced_not_refused(
+        family: tuple[str, LoadedModel]) -> None:
+    """Claude Code's TaskCreate tool: `propertyNames` (llguidance does not implement it) beside
+    what it does enforce: the call still compiles, and its required field is still required."""
+    syntax, loaded = family
+    task = Tool("TaskCreate", "a task", {"type": "object", "properties": {
+        "subject": {"type": "string", "maxLength": 6},
+        "metadata": {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}}},
+        "required": ["subject"], "additionalProperties": False})
+    prompt = loaded.chat_prompt_ids([Message("user", "make a task")], [task])
+    requests = [GenerationRequest(f"p{seed}", prompt, SamplingParams(temperature=1.0, seed=seed), 120,
+                                  constraint=loaded.compile_constraint(GrammarSpec(
+                                      "lark", call_grammar(syntax, [task], False, JSON_LAYOUT), "tools")))
+                for seed in range(2)]
+    finished = [events for events in submit_all(loaded.engine, requests) if events[-1].finish_reason.value == "stop"]
+    assert finished
+    for events in finished:
+        _, calls = parse_calls(syntax, "".join(e.text for e in events), [task])
+        assert len(calls) == 1 and len(json.loads(calls[0].arguments)["subject"]) <= 6

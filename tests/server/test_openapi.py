@@ -62,7 +62,21 @@ def test_the_server_serves_its_document(app: object) -> None:
     assert client.get("/openapi.json").json() == openapi_document(needs_key=False, max_n=2, model_ids=["tiny"])
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])
+def test_every_dialects_generation_route_is_documented() -> None:
+    doc = openapi_document(needs_key=True, model_ids=["tiny"])
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                                 "/v1/messages/count_tokens", "/v1/models", "/health"}
+    responses = doc["paths"]["/v1/responses"]["post"]
+    assert {"completed_at", "previous_response_id", "max_tool_calls", "reasoning"} <= set(
+        responses["responses"]["200"]["content"]["application/json"]["schema"]["required"])
+    messages = doc["paths"]["/v1/messages"]["post"]
+    assert messages["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]["enum"] == ["tiny"]
+    error = messages["responses"]["401"]["content"]["application/json"]["schema"]
+    assert error["properties"]["type"]["enum"] == ["error"]  # Anthropic's envelope, not OpenAI's
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                                  "/v1/messages/count_tokens", "/v1/models", "/health"])
 def test_no_input_gets_a_5xx_or_an_undocumented_response(app: object, path: str) -> None:
     """schemathesis generates bodies from the document, valid and invalid; hypothesis runs them."""
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)

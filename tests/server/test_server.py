@@ -143,7 +143,7 @@ def test_seeded_sampling_reproducible(client: openai.OpenAI) -> None:
 def test_models_health_and_alias(server: ServerProcess, client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list().data]
     assert ids == [MODEL, "my-model"]
-    assert server.get("/health").json() == {"status": "ok"}
+    assert server.get("/health").json() == {"status": "ok", "model": MODEL, "slot_context": 1024}
     r = client.chat.completions.create(model="my-model", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert r.model == "my-model"
 
