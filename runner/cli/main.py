@@ -1,4 +1,4 @@
-"""The `runner` command line: run, chat, serve, pull, list, rm, info."""
+"""The `runner` command line: run, chat, serve, launch, pull, list, rm, info, embed, search, bundle."""
 
 from __future__ import annotations
 
@@ -280,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     _quiet_flag(p)
     add_serve_flags(p)
+    from runner.cli.launch import add_launch_flags, cmd_launch
+
+    p = add("launch", cmd_launch, "run a coding agent (Claude Code, Codex) against a runner server, starting one "
+                                  "if none answers on --port")
+    add_launch_flags(p, Catalog.load().default)
     from runner.cli.bundle import cmd_bundle
 
     p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")
@@ -292,9 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runner.catalog.embedded import is_frozen
     from runner.cli.bundle import check_cpu, double_click
 
+    from runner.cli.launch import split_agent_args
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    argv, agent_args = split_agent_args(argv)
     args = parser.parse_args(argv)
+    if agent_args:
+        args.agent_args = agent_args
     if not getattr(args, "fn", None) and not (is_frozen() and not argv):
         parser.print_help()
         return 0

@@ -1,0 +1,151 @@
+"""`runner launch claude|codex [MODEL]`: a coding agent pointed at runner. Finds the server on
+--port (or starts one with a context that holds an agent's prompt), then runs the agent with the
+environment and configuration that send its requests there, and stops the server it started when
+the agent exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runner.core.errors import RunnerError
+
+AGENT_CTX = 32768  # tokens per slot for a server started here: an agent's first prompt is 15-25 thousand
+ENOUGH_CTX = 24576  # a found server with less gets a warning line
+
+
+@dataclass(frozen=True)
+class Agent:
+    executable: str
+    package: str  # its npm package, for the line that says how to install it
+    command: Callable[[str, str, str | None], tuple[list[str], dict[str, str]]]  # (base URL, model, key) -> argv, env
+
+
+def _claude(base_url: str, model: str, key: str | None) -> tuple[list[str], dict[str, str]]:
+    """Claude Code speaks the Messages API at ANTHROPIC_BASE_URL; every model it asks for by tier
+    (its background calls use the small one) is the served one."""
+    env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": key or "runner", "ANTHROPIC_MODEL": model,
+           "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+           "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+    return ["--model", model], env
+
+
+def _codex(base_url: str, model: str, key: str | None) -> tuple[list[str], dict[str, str]]:
+    """Codex speaks only the Responses API: a model provider named runner, wire_api responses."""
+    config = {"model_provider": "runner", "model_providers.runner.name": "runner",
+              "model_providers.runner.base_url": f"{base_url}/v1", "model_providers.runner.wire_api": "responses"}
+    env = {}
+    if key is not None:
+        config["model_providers.runner.env_key"] = "RUNNER_API_KEY"
+        env["RUNNER_API_KEY"] = key
+    argv = [arg for name, value in config.items() for arg in ("-c", f"{name}={json.dumps(value)}")]
+    return [*argv, "-m", model], env
+
+
+AGENTS = {"claude": Agent("claude", "@anthropic-ai/claude-code", _claude),
+          "codex": Agent("codex", "@openai/codex", _codex)}
+
+
+def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
+    p.add_argument("agent", choices=sorted(AGENTS), help="the coding agent to run")
+    p.add_argument("model", nargs="?", default=None,
+                   help="the model to serve when no server answers on --port (default: gemma-3-270m, "
+                        f"whose context holds an agent's prompt; {default_model} does not)")
+    p.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="the server's port: used if one answers, else "
+                                                          "one is started there (default 8080)")
+    p.add_argument("--ctx-size", type=int, default=AGENT_CTX,
+                   help=f"tokens per slot for a server started here (default {AGENT_CTX})")
+    p.add_argument("--api-key", default=None, help="the found server's key (a started one needs none)")
+    p.set_defaults(agent_args=[])  # what follows `--` on the command line: main() puts it here
+
+
+def split_agent_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`runner launch AGENT [...] -- ARGS`: runner's part and the agent's."""
+    if argv[:1] != ["launch"] or "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    agent = AGENTS[args.agent]
+    executable = shutil.which(agent.executable)
+    if executable is None:
+        raise RunnerError(f"{agent.executable} is not installed (not on PATH): `npm install -g {agent.package}`")
+    base_url = f"http://{args.host}:{args.port}"
+    started = None
+    served = _served_model(base_url, args.api_key)
+    if served is None:
+        started = _start_server(args)
+        served = _wait_until_serving(base_url, started)
+    elif args.model is not None and args.model != served[0]:
+        print(f"runner: the server on {base_url} serves {served[0]}, not {args.model}; using it", file=sys.stderr)
+    model, ctx = served
+    if ctx is not None and ctx < ENOUGH_CTX:
+        print(f"runner: warning: the server's slots hold {ctx} tokens, an agent's prompt 15-25 thousand: "
+              f"serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
+    argv, env = agent.command(base_url, model, args.api_key)
+    print(f"runner: {agent.executable} → {base_url} ({model})", file=sys.stderr)
+    try:
+        return subprocess.call([executable, *argv, *args.agent_args], env={**os.environ, **env})
+    finally:
+        if started is not None:
+            started.terminate()
+            try:
+                started.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                started.kill()
+
+
+def _served_model(base_url: str, key: str | None) -> tuple[str, int | None] | None:
+    """(model, tokens per slot) of the runner server at base_url; None when nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as reply:
+            health = json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if health.get("status") != "ok":
+        return None
+    if isinstance(health.get("model"), str):
+        return health["model"], health.get("slot_context")
+    request = urllib.request.Request(f"{base_url}/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:  # another OpenAI-compatible server: its first model
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return json.loads(reply.read())["data"][0]["id"], None
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
+        raise RunnerError(f"a server answers on {base_url} but lists no model ({exc}); pass --api-key, or "
+                          "another --port") from None
+
+
+def _start_server(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    from runner.catalog.embedded import is_frozen
+
+    runner = [sys.executable] if is_frozen() else [sys.executable, "-m", "runner"]
+    model = args.model or "gemma-3-270m"
+    print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} "
+          f"--ctx-size {args.ctx_size}`", file=sys.stderr)
+    return subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
+                             "--ctx-size", str(args.ctx_size), "--parallel", "1"])
+
+
+def _wait_until_serving(base_url: str, server: subprocess.Popen[bytes]) -> tuple[str, int | None]:
+    """Poll until the started server answers (a first pull and load may take minutes)."""
+    while True:
+        served = _served_model(base_url, None)
+        if served is not None:
+            return served
+        if server.poll() is not None:
+            raise RunnerError(f"the server did not start (exit status {server.returncode}); its error is above")
+        time.sleep(0.25)

@@ -1,0 +1,95 @@
+"""`runner launch claude|codex`: the agent gets the environment and configuration that point it at
+runner; a server is found on --port or started there (and stopped when the agent exits). The agent
+here is a stand-in on PATH that records what it was given and asks the server for its models."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from server_process import ServerProcess
+from test_cli import assert_one_line_error, runner
+
+# records argv and environment, then calls the server it was pointed at and exits 7
+FAKE_AGENT = """#!{python}
+import json, os, sys, urllib.request
+base = os.environ.get("ANTHROPIC_BASE_URL") or next(a.split("=", 1)[1].strip('"') for a in sys.argv
+                                                    if a.startswith("model_providers.runner.base_url=")).removesuffix("/v1")
+with urllib.request.urlopen(base + "/v1/models") as reply:
+    models = json.loads(reply.read())
+json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": models}}, open({record!r}, "w"))
+sys.exit(7)
+"""
+
+
+def fake_agent(tmp_path: Path, name: str) -> tuple[dict[str, str], Path]:
+    """PATH with a stand-in `name` first; the file it records to."""
+    bin_dir, record = tmp_path / "bin", tmp_path / f"{name}.json"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / name
+    script.write_text(FAKE_AGENT.format(python=sys.executable, record=str(record)))
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_missing_agent_gets_one_line_saying_how_to_install_it(tmp_path: Path) -> None:
+    proc = runner("launch", "codex", "--port", str(free_port()), env={"PATH": str(tmp_path)})
+    assert_one_line_error(proc, r"codex is not installed \(not on PATH\): `npm install -g @openai/codex`")
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory):
+    server = ServerProcess(str(tiny_gguf), tmp_path_factory.mktemp("cache"), "--ctx-size", "256")
+    yield server
+    server.stop()
+
+
+def _port(server: ServerProcess) -> str:
+    return server.url.removesuffix("/v1").rsplit(":", 1)[1]
+
+
+def test_claude_is_pointed_at_a_running_server_and_warned_of_its_small_context(tiny_server: ServerProcess,
+                                                                               tmp_path: Path) -> None:
+    env, record = fake_agent(tmp_path, "claude")
+    proc = runner("launch", "claude", "--port", _port(tiny_server), "--", "-p", "hello", env=env)
+    assert proc.returncode == 7, proc.stderr  # the agent's own exit status
+    seen = json.loads(record.read_text())
+    base = tiny_server.url.removesuffix("/v1")
+    assert seen["argv"] == ["--model", "tiny", "-p", "hello"]
+    assert {k: seen["env"][k] for k in ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")} == {
+        "ANTHROPIC_BASE_URL": base, "ANTHROPIC_MODEL": "tiny", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "tiny",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
+    assert "the server's slots hold 256 tokens" in proc.stderr and "--ctx-size 32768" in proc.stderr
+
+
+def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(tiny_gguf: Path,
+                                                                               tmp_path: Path) -> None:
+    env, record = fake_agent(tmp_path, "codex")
+    port = free_port()
+    proc = runner("launch", "codex", str(tiny_gguf), "--port", str(port), "--ctx-size", "512",
+                  env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 7, proc.stderr
+    assert f"no server on 127.0.0.1:{port}; starting `runner serve {tiny_gguf} --ctx-size 512`" in proc.stderr
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == ["-c", 'model_provider="runner"', "-c", 'model_providers.runner.name="runner"',
+                            "-c", f'model_providers.runner.base_url="http://127.0.0.1:{port}/v1"',
+                            "-c", 'model_providers.runner.wire_api="responses"', "-m", "tiny"]
+    assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
+    assert "the server's slots hold 512 tokens" in proc.stderr  # the context asked for, and too small for an agent
+    with pytest.raises(OSError):  # the server it started is gone
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
