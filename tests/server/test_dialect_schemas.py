@@ -53,6 +53,19 @@ def sse(text: str) -> list[tuple[str | None, dict[str, Any]]]:
     return out
 
 
+def streamed(client: TestClient, path: str, body: dict[str, Any],
+             schemas: dict[str, dict[str, Any]]) -> list[tuple[str | None, dict[str, Any]]]:
+    """The streamed reply's events, each named for its type and valid against that type's schema
+    (a KeyError: an event type the spec does not have)."""
+    reply = client.post(path, json={"model": "tiny", "temperature": 0, "stream": True, **body})
+    assert reply.status_code == 200, reply.text
+    events = sse(reply.text)
+    for name, data in events:
+        assert name == data["type"]
+        valid(data, schemas[data["type"]])
+    return events
+
+
 # -- Responses ----------------------------------------------------------------------------------
 RESPONSES_CASES = {
     "text": {"input": "Say hello", "max_output_tokens": 6},
@@ -77,13 +90,7 @@ def test_a_whole_response_matches_the_open_responses_schema(client: TestClient, 
 
 @pytest.mark.parametrize("case", RESPONSES_CASES)
 def test_a_streamed_response_matches_the_open_responses_event_schemas(client: TestClient, case: str) -> None:
-    reply = client.post("/v1/responses", json={"model": "tiny", "temperature": 0, "stream": True,
-                                               **RESPONSES_CASES[case]})
-    assert reply.status_code == 200, reply.text
-    events = sse(reply.text)
-    for name, data in events:
-        assert name == data["type"]
-        valid(data, published.RESPONSES_EVENTS[data["type"]])  # a KeyError: an event the spec does not have
+    events = streamed(client, "/v1/responses", RESPONSES_CASES[case], published.RESPONSES_EVENTS)
     assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
     assert events[-1][0] in ("response.completed", "response.incomplete")
     added = [data["item"]["id"] for _, data in events if data["type"] == "response.output_item.added"]
@@ -124,13 +131,7 @@ def test_a_whole_message_matches_anthropics_schema(client: TestClient, case: str
 
 @pytest.mark.parametrize("case", MESSAGES_CASES)
 def test_a_streamed_message_matches_anthropics_event_schemas(client: TestClient, case: str) -> None:
-    reply = client.post("/v1/messages", json={"model": "tiny", "temperature": 0, "stream": True,
-                                              **MESSAGES_CASES[case]})
-    assert reply.status_code == 200, reply.text
-    events = sse(reply.text)
-    for name, data in events:
-        assert name == data["type"]
-        valid(data, published.MESSAGES_EVENTS[data["type"]])
+    events = streamed(client, "/v1/messages", MESSAGES_CASES[case], published.MESSAGES_EVENTS)
     kinds = [data["type"] for _, data in events]
     assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == ["message_delta", "message_stop"]
     blocks = [(data["type"], data["index"]) for _, data in events if data["type"].startswith("content_block_")]
