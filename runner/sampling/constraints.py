@@ -74,7 +74,8 @@ def prefetch_masks(constraints: list[AnyConstraint]) -> None:
     """Compute the next mask of several requests at once on llguidance's thread pool, so the
     step's serial Python does not grow by a mask per constrained slot."""
     global _executor
-    constraints = [c.current for c in constraints]
+    matchers = [c.current for c in constraints]
+    constraints = [m for m in matchers if m is not None]  # (a thinking budget alone has no matcher)
     if len(constraints) < 2:
         return
     import llguidance
@@ -218,31 +219,62 @@ class LazyConstraint(DeferredConstraint):
 
 
 class ReasoningGate(DeferredConstraint):
-    """A reasoning model's grammar, applied after its thinking: the reply may open with the think
-    token and think freely until the closing tag, and the grammar takes over from the next token.
-    If the template already opened the tag (`starts_inside`), the reply begins thinking; else the
-    first token is the grammar's or the think token. A close tag that ends inside a token leaves
-    the reply unconstrained (as a LazyConstraint's misplaced trigger does)."""
+    """A reasoning model's reply: it may open with the think token and think freely until the
+    closing tag, then a grammar (if any) takes over from the next token. If the template already
+    opened the tag (`starts_inside`), the reply begins thinking; else the first token is the
+    grammar's or the think token. A close tag that ends inside a token leaves the reply
+    unconstrained (as a LazyConstraint's misplaced trigger does).
 
-    def __init__(self, make: Callable[[], Constraint], token_bytes: Callable[[int], bytes], think_id: int,
-                 close: str = "</think>", starts_inside: bool = False) -> None:
-        super().__init__()
+    `budget`: the most tokens of thinking (a request's thinking budget or effort); at the budget
+    the close tag (`close_id`, a single token) is the only token allowed, and with 0 the reply does
+    not open the thinking at all. No budget: the model thinks as long as it does."""
+
+    def __init__(self, make: Callable[[], AnyConstraint] | None, token_bytes: Callable[[int], bytes], think_id: int,
+                 close: str = "</think>", starts_inside: bool = False, budget: int | None = None,
+                 close_id: int | None = None) -> None:
+        self.active: AnyConstraint | None = None  # the grammar after the thinking: a matcher, or a lazy one
         self._make = make
         self._token_bytes = token_bytes
         self._think_id = think_id
         self._close = close.encode()
         self._thought = bytearray()
+        self._n_thought = 0  # tokens of thinking so far
+        self._budget = budget if close_id is not None else None
+        self._close_id = close_id
         self._gave_up = False
-        self.active = None if starts_inside else make()
+        self.active = None if starts_inside or make is None else make()
         self._may_think = not starts_inside  # the first token: the grammar's, or the think token
         self._thinking = starts_inside
 
+    @property
+    def _at_budget(self) -> bool:
+        return self._thinking and self._budget is not None and self._n_thought >= self._budget
+
+    @property
+    def is_active(self) -> bool:
+        """Masking: the grammar, or the budget (the close tag now; no think token with budget 0)."""
+        return ((self.active is not None and self.active.is_active) or self._at_budget
+                or (self._may_think and self._budget == 0))
+
+    @property
+    def current(self) -> Constraint | None:  # type: ignore[override]
+        """The matcher in force (None while the budget alone masks)."""
+        return self.active.current if self.active is not None and self.active.is_active else None
+
     def mask_into(self, logits: np.ndarray) -> None:
+        if self._at_budget:
+            assert self._close_id is not None
+            close = logits[self._close_id]
+            logits[:] = -np.inf
+            logits[self._close_id] = close
+            return
         if self.active is None:
+            if self._may_think and self._budget == 0:
+                logits[self._think_id] = -np.inf
             return
         think = logits[self._think_id]
         self.active.mask_into(logits)
-        if self._may_think:
+        if self._may_think and self._budget != 0:
             logits[self._think_id] = think
 
     def advance(self, token_id: int) -> None:
@@ -256,6 +288,7 @@ class ReasoningGate(DeferredConstraint):
     def _watch(self, token_id: int) -> None:
         if not self._thinking or self._gave_up:
             return
+        self._n_thought += 1
         self._thought += self._token_bytes(token_id)
         at = self._thought.find(self._close)
         if at < 0:
@@ -264,14 +297,22 @@ class ReasoningGate(DeferredConstraint):
         if at + len(self._close) != len(self._thought):
             self._gave_up = True  # the tag ended inside a token: nothing to start the grammar at
             return
-        self.active = self._make()
+        self.active = self._make() if self._make is not None else None
 
     def n_valid(self, token_ids: list[int]) -> int:
         if self._may_think and token_ids and token_ids[0] == self._think_id:
-            return 1  # (what follows the think token is thinking: the next step drafts it again)
+            return 0 if self._budget == 0 else 1  # (what follows the think token is thinking: drafted again)
+        if self._thinking and self._budget is not None:  # drafts stop where the budget does
+            room = max(0, self._budget - self._n_thought)
+            if self._close_id in token_ids[:room + 1]:
+                return token_ids.index(self._close_id) + 1  # (the grammar, if any, starts after: drafted again)
+            return min(len(token_ids), room)
         return super().n_valid(token_ids)
 
     def forced_tokens(self) -> list[int]:
+        if self._at_budget:
+            assert self._close_id is not None
+            return [self._close_id]
         return [] if self._may_think else super().forced_tokens()
 
 

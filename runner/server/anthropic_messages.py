@@ -118,18 +118,32 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...], ignored: tuple[str, ...]) 
     return request_fields.checked_tool_choice(choice, value, tools), parallel
 
 
-def _shows_thinking(value: Any) -> bool:
-    """`thinking`: enabled (with a budget_tokens) or adaptive shows a reasoning model's thinking as
-    thinking blocks; disabled or absent leaves it out. On a model that does not reason, nothing
-    changes. The budget is not enforced: the model thinks as long as it does."""
+def _thinking(value: Any, output_config: Any) -> tuple[bool, int | None]:
+    """`thinking` and `output_config.effort`: whether a reasoning model's thinking comes back as
+    thinking blocks (enabled or adaptive: yes; disabled or absent: no), and its budget in tokens:
+    enabled's budget_tokens, none when disabled (0), else the effort's (request_fields.EFFORT_BUDGETS).
+    On a model that does not reason, neither changes anything."""
+    if output_config is not None and not isinstance(output_config, dict):
+        raise invalid("output_config must be an object", "output_config")
+    effort = (output_config or {}).get("effort")
+    if effort is not None and effort not in request_fields.EFFORT_BUDGETS:
+        raise invalid(f"output_config.effort must be one of {', '.join(request_fields.EFFORT_BUDGETS)}",
+                      "output_config")
+    budget = request_fields.EFFORT_BUDGETS[effort] if effort is not None else None
     if value is None:
-        return False
+        return False, budget
     kind = value.get("type") if isinstance(value, dict) else None
     if kind not in ("enabled", "adaptive", "disabled"):
         raise invalid("thinking.type must be enabled, adaptive or disabled", "thinking")
-    if kind == "enabled" and not request_fields.is_kind(value.get("budget_tokens"), "integer"):
-        raise invalid("thinking.budget_tokens: an integer is required when thinking is enabled", "thinking")
-    return kind != "disabled"
+    if kind == "disabled":
+        return False, 0
+    if kind == "enabled":
+        tokens = value.get("budget_tokens")
+        if not request_fields.is_kind(tokens, "integer") or tokens < 0:
+            raise invalid("thinking.budget_tokens: a non-negative integer is required when thinking is enabled",
+                          "thinking")
+        return True, int(tokens)
+    return True, budget
 
 
 def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
@@ -155,11 +169,12 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
                               top_k=request_fields.SAMPLING["top_k"].read(body, _DEFAULTS.top_k))
     tools, ignored = _tools(body.get("tools"))
     choice, parallel = _tool_choice(body.get("tool_choice"), tools, ignored)
+    show_thinking, budget = _thinking(body.get("thinking"), body.get("output_config"))
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
                           stop=tuple(s for s in stop if s), stream=stream)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
-                      ignored_tools=ignored, show_thinking=_shows_thinking(body.get("thinking")))
+                      ignored_tools=ignored, show_thinking=show_thinking, thinking_budget=budget)
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:

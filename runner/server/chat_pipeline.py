@@ -101,17 +101,27 @@ async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
 async def _chat_constraint(state: ServerState, params: ChatParams, common: CommonParams, reading: ToolReading | None,
                            reasoning: ReasoningSplitter | None) -> AnyConstraint | None:
     """One choice's grammar state: as compiled; with tools on auto, armed once a call starts; on a
-    reasoning model, after its thinking."""
+    reasoning model, after its thinking, which the request's thinking budget bounds."""
     constraint = await compile_grammar(state, common)
     spec, loaded = common.grammar, state.loaded
-    if constraint is None or spec is None:
-        return constraint
-    if reading is not None and params.tool_choice == "auto":
-        return LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
-                              state.facts.token_bytes)
+    budget = params.thinking_budget if state.think_id is not None else None
+    lazy = spec is not None and reading is not None and params.tool_choice == "auto"
+
+    def grammar() -> AnyConstraint:
+        assert spec is not None and reading is not None
+        if lazy:
+            return LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
+                                  state.facts.token_bytes)
+        return loaded.compile_constraint(spec)
+
+    if constraint is None and budget is None:
+        return None
+    if lazy and budget is None:
+        return grammar()
     if state.think_id is not None:
-        return ReasoningGate(lambda: loaded.compile_constraint(spec), state.facts.token_bytes, state.think_id,
-                             REASONING_CLOSE, starts_inside=reasoning is not None and reasoning.starts_inside)
+        return ReasoningGate(grammar if spec is not None else None, state.facts.token_bytes, state.think_id,
+                             REASONING_CLOSE, starts_inside=reasoning is not None and reasoning.starts_inside,
+                             budget=budget, close_id=state.facts.single_token_id(REASONING_CLOSE))
     return constraint
 
 

@@ -142,8 +142,8 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
 
 def _reasoning(value: Any) -> dict[str, Any] | None:
     """`reasoning` {effort, summary}: a reasoning model's thinking comes back as a reasoning item
-    whatever is asked; the effort is not enforced (the model thinks as long as it does), and on a
-    model that does not reason neither changes anything. Echoed in the Response."""
+    whatever is asked, bounded by the effort's budget (request_fields.EFFORT_BUDGETS); on a model
+    that does not reason neither changes anything. Echoed in the Response."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -215,7 +215,7 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
                               top_p=fields["top_p"].read(body, _DEFAULTS.top_p),
                               presence_penalty=fields["presence_penalty"].read(body, 0.0),
                               frequency_penalty=fields["frequency_penalty"].read(body, 0.0))
-    _reasoning(body.get("reasoning"))
+    effort = (_reasoning(body.get("reasoning")) or {}).get("effort")
     tools, ignored = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     grammar = _grammar(body.get("text"))
@@ -225,7 +225,8 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
                           max_tokens=MAX_OUTPUT_TOKENS.read(body), stream=request_fields.STREAM.read(body, False),
                           grammar=grammar)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
-                      parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True), ignored_tools=ignored)
+                      parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True), ignored_tools=ignored,
+                      thinking_budget=request_fields.EFFORT_BUDGETS[effort] if effort is not None else None)
 
 
 def echoed(body: dict[str, Any], params: ChatParams) -> dict[str, Any]:

@@ -36,6 +36,7 @@ class ChatParams:
     parallel_tool_calls: bool = True
     ignored_tools: tuple[str, ...] = ()  # tools of kinds this server cannot run, left out of the prompt
     show_thinking: bool = False  # Messages: a reasoning model's thinking comes back as thinking blocks
+    thinking_budget: int | None = None  # most tokens a reasoning model thinks (None: as long as it does)
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,9 @@ def system_first(turns: list[Message]) -> list[Message]:
     system = [t.content for t in turns if t.role == "system" and t.content]
     rest = [t for t in turns if t.role != "system"]
     return ([Message("system", "\n\n".join(system))] if system else []) + rest
+
+
+# a reasoning effort as a thinking budget in tokens (None: no limit): none and minimal skip the
+# thinking, low and medium bound it, high and above leave it to the model
+EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 0, "low": 1024, "medium": 4096, "high": None,
+                                         "xhigh": None, "max": None}

@@ -35,6 +35,7 @@ def test_claude_codes_request_parses_with_its_system_messages_first_in_order() -
     assert positions == sorted(positions) and positions[0] == 0
     assert [t.name for t in params.tools][:3] == ["Agent", "Bash", "CronCreate"] and len(params.tools) == 24
     assert (params.ignored_tools, params.show_thinking, params.common.stream) == ((), True, True)
+    assert params.thinking_budget is None  # adaptive at effort high: as long as a reasoning model thinks
     assert params.common.max_tokens == 32000  # capped to the slot's room when it is scheduled
 
 

@@ -36,6 +36,19 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     assert (params.common.sampling.temperature, params.common.sampling.top_k) == (0.5, 5)
 
 
+@pytest.mark.parametrize(("fields", "shown", "budget"), [
+    ({}, False, None),
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, True, 2048),
+    ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "medium"}}, True, 4096),
+    ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}, True, None),
+    ({"thinking": {"type": "disabled"}, "output_config": {"effort": "low"}}, False, 0),
+])
+def test_thinking_and_effort_become_whether_it_is_shown_and_its_budget(fields: dict, shown: bool,
+                                                                       budget: int | None) -> None:
+    params = parse_messages({"max_tokens": 5, "messages": ASK, **fields})
+    assert (params.show_thinking, params.thinking_budget) == (shown, budget)
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
@@ -43,6 +56,10 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}, "tools": [WEATHER]}, "tool_choice"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice"),
     ({"max_tokens": 5, "messages": ASK, "tools": ["get_weather"]}, "tools.0.name"),
+    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "enabled"}}, "thinking"),
+    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "sometimes"}}, "thinking"),
+    ({"max_tokens": 5, "messages": ASK, "output_config": {"effort": "huge"}}, "output_config"),
+    ({"max_tokens": 5, "messages": [{"role": "system", "content": "only this"}]}, "messages"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as caught:

@@ -106,3 +106,103 @@ def test_a_constrained_reply_may_think_first_and_then_follows_the_schema(thinker
     reasoning, content = split_whole(text)
     assert text.startswith("<think></think>") and reasoning == ""
     assert set(json.loads(content)) == {"a"} and events[-1].finish_reason is FinishReason.STOP
+
+
+# -- a thinking budget (thinking.budget_tokens, output_config.effort, reasoning.effort) -------------
+def test_at_its_budget_the_thinking_can_only_close(thinker) -> None:
+    think, close = thinker.facts.single_token_id("<think>"), thinker.facts.single_token_id("</think>")
+    x = thinker.facts.single_token_id("x")
+    n_vocab = thinker.model.n_vocab
+    gate = ReasoningGate(None, thinker.model.token_bytes, think, budget=2, close_id=close)
+    assert not gate.is_active and think in _allowed(gate, n_vocab)  # no grammar: the reply may think
+    gate.advance(think)
+    assert gate.n_valid([x, x, x, close]) == 2  # drafts stop at the budget
+    gate.advance(x)
+    assert gate.n_valid([close, x]) == 1 and not gate.is_active
+    gate.advance(x)  # two tokens of thinking: the budget
+    assert gate.is_active and _allowed(gate, n_vocab) == {close} and gate.forced_tokens() == [close]
+    gate.advance(close)
+    assert not gate.is_active and _allowed(gate, n_vocab) == set(range(n_vocab))  # no grammar after it
+    none = ReasoningGate(None, thinker.model.token_bytes, think, budget=0, close_id=close)
+    assert none.is_active and think not in _allowed(none, n_vocab) and none.n_valid([think, x]) == 0
+    unbounded = ReasoningGate(None, thinker.model.token_bytes, think, budget=2, close_id=None)  # close not one token
+    unbounded.advance(think)
+    for _ in range(5):
+        unbounded.advance(x)
+    assert not unbounded.is_active
+
+
+def test_a_budgeted_reply_thinks_that_many_tokens_then_follows_its_schema(thinker) -> None:
+    think, close = thinker.facts.single_token_id("<think>"), thinker.facts.single_token_id("</think>")
+    gate = ReasoningGate(lambda: thinker.compile_constraint(SCHEMA), thinker.model.token_bytes, think, budget=5,
+                         close_id=close)
+    sampling = SamplingParams(temperature=0, logit_bias=((think, 30.0), (close, -30.0)))  # it would think on
+    (events,) = submit_all(thinker.engine, [GenerationRequest("b", thinker.text_prompt_ids("hi"), sampling, 60,
+                                                              constraint=gate)])
+    ids = [t for e in events for t in e.token_ids]
+    assert ids[0] == think and ids.index(close) == 6  # <think>, five tokens, </think>
+    reasoning, content = split_whole("".join(e.text for e in events))
+    assert set(json.loads(content)) == {"a"} and events[-1].finish_reason is FinishReason.STOP
+
+
+OPENS_THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "<|im_start|>assistant\n<think>\n")
+
+
+@pytest.fixture(scope="module")
+def thinking_client(tmp_path_factory: pytest.TempPathFactory):
+    """The server in-process on a tiny model whose template opens the thinking: every reply starts
+    inside it, so a budget decides where it ends."""
+    from starlette.testclient import TestClient
+
+    from runner.server.app import create_app
+    from runner.server.engine_thread import EngineThread
+    from runner.server.state import ServerState
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("opens") / "opens.gguf", extra_specials=("<think>", "</think>"),
+                           chat_template=OPENS_THINKING)
+    loaded = load_tiny(path, 1, ctx_size=512)
+    thread = EngineThread(loaded.engine)
+    thread.start()
+    state = ServerState(loaded, thread, ["tiny"])
+    with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
+        yield client
+
+
+ASK = [{"role": "user", "content": "hi"}]
+
+
+def _message(client, **body) -> dict:
+    reply = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 24, "temperature": 0, "messages": ASK,
+                                              **body})
+    assert reply.status_code == 200, reply.text
+    return {b["type"]: b.get("thinking", b.get("text")) for b in reply.json()["content"]}
+
+
+def test_a_messages_thinking_budget_ends_the_thinking_there(thinking_client) -> None:
+    unbounded = _message(thinking_client, thinking={"type": "adaptive"})
+    assert set(unbounded) == {"thinking", "text"} and unbounded["text"] == ""  # thought all 24 tokens
+    low = _message(thinking_client, thinking={"type": "adaptive"}, output_config={"effort": "low"})
+    assert low == unbounded  # low's 1024 tokens: past max_tokens
+    four = _message(thinking_client, thinking={"type": "enabled", "budget_tokens": 4})
+    ten = _message(thinking_client, thinking={"type": "enabled", "budget_tokens": 10})
+    assert four["text"] and ten["text"]  # the thinking closed: an answer follows
+    assert 0 < len(four["thinking"]) < len(ten["thinking"]) and ten["thinking"].startswith(four["thinking"])
+    assert unbounded["thinking"].startswith(ten["thinking"])  # greedy: the same thoughts, cut sooner
+    disabled = _message(thinking_client, thinking={"type": "disabled"})
+    assert set(disabled) == {"text"} and disabled["text"]  # closed at once, and not shown
+
+
+def test_a_responses_effort_of_none_skips_the_thinking(thinking_client) -> None:
+    def output(effort: str | None) -> list[dict]:
+        reasoning = {"effort": effort} if effort else {"summary": "auto"}
+        reply = thinking_client.post("/v1/responses", json={"model": "tiny", "max_output_tokens": 12, "temperature": 0,
+                                                            "input": "hi", "reasoning": reasoning})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["output"]
+
+    thought = output(None)  # thought until max_output_tokens: no answer
+    assert [item["type"] for item in thought] == ["reasoning", "message"] and thought[0]["content"][0]["text"]
+    assert thought[1]["content"][0]["text"] == ""
+    skipped = output("none")  # closed at once: all answer
+    assert [item["type"] for item in skipped] == ["message"] and skipped[0]["content"][0]["text"]
