@@ -1,5 +1,5 @@
-"""Same request, same output: with --batch-invariant on, a greedy reply is the same cold, with its
-prompt cached, and under 4 concurrent clients (other slots' rows in the same steps), on the real
+"""Same request, same output: with --batch-invariant on, a greedy or seeded reply is the same cold,
+with its prompt cached, and under 4 concurrent clients (other slots' rows in the same steps), on the real
 model and server (the sources are probed in tests/runtime/test_reproducibility_sources.py)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.model
 TOPICS = ["the tides", "bread baking", "old maps", "bees", "glaciers", "chess openings", "river boats", "comets"]
 
 
-def prompt(i: int) -> str:
-    """Eight prompts of about 100 to 600 tokens, each its own."""
+def prompt(i: int, head: str) -> str:
+    """Eight prompts of about 100 to 600 tokens, each its own (and each head's own: no prefix shared)."""
     sentence = f"Note {{}} about {TOPICS[i]}: people who study {TOPICS[i]} write down what they see each day. "
-    return "".join(sentence.format(j) for j in range(4 + 4 * i)) + "In one sentence, what are these notes about?"
+    return head + "".join(sentence.format(j) for j in range(4 + 4 * i)) + "In one sentence, what are these notes about?"
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +27,33 @@ def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
     return serve_smollm2("--parallel", "4", "--ctx-size", "1024", "--batch-invariant", "on")
 
 
-def reply(server: ServerProcess, i: int) -> tuple[str, int, int]:
-    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt(i)}],
-                                                  "temperature": 0, "max_tokens": 24})
+# (sampling, each prompt's head, how many prompts): seeded runs the four shorter ones, for time
+GREEDY = ({"temperature": 0}, "Greedy. ", 8)
+SEEDED = ({"temperature": 0.8, "seed": 7}, "Seeded. ", 4)
+
+
+def reply(server: ServerProcess, i: int, mode: tuple[dict, str, int]) -> tuple[str, int, int]:
+    sampling, head, _ = mode
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt(i, head)}],
+                                                  "max_tokens": 24, **sampling})
     assert r.status_code == 200, r.text
     body = r.json()
     usage = body["usage"]
     return body["choices"][0]["message"]["content"], usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def test_greedy_replies_are_the_same_cold_cached_and_under_load(server: ServerProcess) -> None:
+@pytest.mark.parametrize("mode", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_replies_are_the_same_cold_cached_and_under_load(server: ServerProcess, mode: tuple[dict, str, int]) -> None:
+    """Greedy, and sampled with a seed (temperature 0.8): the seed means the same draws wherever
+    the request runs."""
+    n_prompts = mode[2]
     cold, cached = [], []
-    for i in range(len(TOPICS)):  # each prompt cold, then again at once (4 slots hold 4 prompts' KV)
-        cold.append(reply(server, i))
-        cached.append(reply(server, i))
+    for i in range(n_prompts):  # each prompt cold, then again at once (4 slots hold 4 prompts' KV)
+        cold.append(reply(server, i, mode))
+        cached.append(reply(server, i, mode))
     assert 90 <= min(n for _, n, _ in cold) and max(n for _, n, _ in cold) <= 650
     assert [n_cached for _, _, n_cached in cached] == [n - 1 for _, n, _ in cold]  # all but the last token reused
     with ThreadPoolExecutor(4) as pool:  # four clients: every step carries other slots' rows
-        loaded = list(pool.map(lambda i: reply(server, i), range(len(TOPICS))))
+        loaded = list(pool.map(lambda i: reply(server, i, mode), range(n_prompts)))
     assert [text for text, _, _ in cached] == [text for text, _, _ in cold]
     assert [text for text, _, _ in loaded] == [text for text, _, _ in cold]
