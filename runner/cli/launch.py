@@ -9,13 +9,16 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from runner.core.errors import RunnerError
 
@@ -84,28 +87,41 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if executable is None:
         raise RunnerError(f"{agent.executable} is not installed (not on PATH): `npm install -g {agent.package}`")
     base_url = f"http://{args.host}:{args.port}"
-    started = None
     served = _served_model(base_url, args.api_key)
-    if served is None:
-        started = _start_server(args)
-        served = _wait_until_serving(base_url, started)
-    elif args.model is not None and args.model != served[0]:
-        print(f"runner: the server on {base_url} serves {served[0]}, not {args.model}; using it", file=sys.stderr)
+    if served is not None:
+        if args.model is not None and args.model != served[0]:
+            print(f"runner: the server on {base_url} serves {served[0]}, not {args.model}; using it", file=sys.stderr)
+        return _run_agent(agent, executable, base_url, served, args)
+    server, log = _start_server(args)
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)  # a kill of launch stops the server too
+    try:
+        return _run_agent(agent, executable, base_url, _wait_until_serving(base_url, server, log), args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_agent(agent: Agent, executable: str, base_url: str, served: tuple[str, int | None],
+               args: argparse.Namespace) -> int:
     model, ctx = served
     if ctx is not None and ctx < ENOUGH_CTX:
         print(f"runner: warning: the server's slots hold {ctx} tokens, an agent's prompt 15-25 thousand: "
               f"serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
     argv, env = agent.command(base_url, model, args.api_key)
     print(f"runner: {agent.executable} → {base_url} ({model})", file=sys.stderr)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's (it reaches it too)
     try:
         return subprocess.call([executable, *argv, *args.agent_args], env={**os.environ, **env})
     finally:
-        if started is not None:
-            started.terminate()
-            try:
-                started.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                started.kill()
+        signal.signal(signal.SIGINT, previous)
 
 
 def _served_model(base_url: str, key: str | None) -> tuple[str, int | None] | None:
@@ -129,23 +145,30 @@ def _served_model(base_url: str, key: str | None) -> tuple[str, int | None] | No
                           "another --port") from None
 
 
-def _start_server(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Path]:
+    """`runner serve` in its own session (the terminal's Ctrl-C is the agent's), its output in a
+    log file (it would scramble the agent's screen)."""
     from runner.catalog.embedded import is_frozen
 
     runner = [sys.executable] if is_frozen() else [sys.executable, "-m", "runner"]
     model = args.model or "gemma-3-270m"
+    log = Path(tempfile.gettempdir()) / f"runner-launch-{args.port}.log"
     print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} "
-          f"--ctx-size {args.ctx_size}`", file=sys.stderr)
-    return subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
-                             "--ctx-size", str(args.ctx_size), "--parallel", "1"])
+          f"--ctx-size {args.ctx_size}` (log: {log})", file=sys.stderr)
+    with log.open("wb") as out:
+        server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
+                                   "--ctx-size", str(args.ctx_size), "--parallel", "1"],
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return server, log
 
 
-def _wait_until_serving(base_url: str, server: subprocess.Popen[bytes]) -> tuple[str, int | None]:
+def _wait_until_serving(base_url: str, server: subprocess.Popen[bytes], log: Path) -> tuple[str, int | None]:
     """Poll until the started server answers (a first pull and load may take minutes)."""
     while True:
         served = _served_model(base_url, None)
         if served is not None:
             return served
         if server.poll() is not None:
-            raise RunnerError(f"the server did not start (exit status {server.returncode}); its error is above")
+            last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise RunnerError(f"the server did not start (exit status {server.returncode}): {last[0]}")
         time.sleep(0.25)

@@ -268,14 +268,11 @@ class ReasoningGate(DeferredConstraint):
             logits[:] = -np.inf
             logits[self._close_id] = close
             return
-        if self.active is None:
-            if self._may_think and self._budget == 0:
-                logits[self._think_id] = -np.inf
-            return
         think = logits[self._think_id]
-        self.active.mask_into(logits)
-        if self._may_think and self._budget != 0:
-            logits[self._think_id] = think
+        if self.active is not None:
+            self.active.mask_into(logits)
+        if self._may_think:  # the first token may open the thinking, unless the budget is 0
+            logits[self._think_id] = -np.inf if self._budget == 0 else think
 
     def advance(self, token_id: int) -> None:
         if self._may_think:

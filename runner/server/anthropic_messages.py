@@ -112,10 +112,10 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...], ignored: tuple[str, ...]) 
     choice = value.get("name") if kind == "tool" else {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
     if choice is None and kind != "tool":
         raise invalid("tool_choice.type must be auto, any, tool or none", "tool_choice")
-    if choice in ignored:
+    if isinstance(choice, str) and choice in ignored:
         raise invalid(f"tool_choice names {json.dumps(choice)}, a tool this server cannot run", "tool_choice")
     parallel = not value.get("disable_parallel_tool_use", False)
-    return request_fields.checked_tool_choice(choice, value, tools), parallel
+    return request_fields.checked_tool_choice(choice, value, tools, bool(ignored)), parallel
 
 
 def _thinking(value: Any, output_config: Any) -> tuple[bool, int | None]:
@@ -126,7 +126,7 @@ def _thinking(value: Any, output_config: Any) -> tuple[bool, int | None]:
     if output_config is not None and not isinstance(output_config, dict):
         raise invalid("output_config must be an object", "output_config")
     effort = (output_config or {}).get("effort")
-    if effort is not None and effort not in request_fields.EFFORT_BUDGETS:
+    if effort is not None and (not isinstance(effort, str) or effort not in request_fields.EFFORT_BUDGETS):
         raise invalid(f"output_config.effort must be one of {', '.join(request_fields.EFFORT_BUDGETS)}",
                       "output_config")
     budget = request_fields.EFFORT_BUDGETS[effort] if effort is not None else None

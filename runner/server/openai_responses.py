@@ -126,7 +126,7 @@ def _tools(value: Any) -> tuple[tuple[Tool, ...], tuple[str, ...]]:
     return request_fields.distinct_tools(tools), tuple(ignored)
 
 
-def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
+def _tool_choice(value: Any, tools: tuple[Tool, ...], some_ignored: bool) -> str:
     if value is None or value in ("auto", "none", "required"):
         choice = value
     elif isinstance(value, dict) and value.get("type") == "function":
@@ -137,7 +137,7 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
     else:
         raise invalid("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
                       "tool_choice")
-    return request_fields.checked_tool_choice(choice, value, tools)
+    return request_fields.checked_tool_choice(choice, value, tools, some_ignored)
 
 
 def _reasoning(value: Any) -> dict[str, Any] | None:
@@ -217,7 +217,7 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
                               frequency_penalty=fields["frequency_penalty"].read(body, 0.0))
     effort = (_reasoning(body.get("reasoning")) or {}).get("effort")
     tools, ignored = _tools(body.get("tools"))
-    choice = _tool_choice(body.get("tool_choice"), tools)
+    choice = _tool_choice(body.get("tool_choice"), tools, bool(ignored))
     grammar = _grammar(body.get("text"))
     if tools and choice != "none" and grammar is not None:
         raise invalid("give text.format or tools, not both", "tools")

@@ -120,11 +120,15 @@ def distinct_tools(tools: list[Tool]) -> tuple[Tool, ...]:
     return tuple(tools)
 
 
-def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...]) -> str:
+def checked_tool_choice(choice: Any, value: Any, tools: tuple[Tool, ...], some_ignored: bool = False) -> str:
     """A dialect's tool choice read as auto, none, required or a tool's name, checked against the
-    tools; `value` is what the request sent (None: nothing, the default), quoted in errors."""
-    if value is None:
+    tools; `value` is what the request sent (None: nothing, the default), quoted in errors;
+    `some_ignored`: tools were left out (of kinds this server cannot run), so auto with none left
+    is none."""
+    if value is None or (choice == "auto" and not tools and some_ignored):
         return "auto" if tools else "none"
+    if not isinstance(choice, str):
+        raise invalid(f"tool_choice {json.dumps(value)}: the tool's name must be a string", "tool_choice")
     if choice not in ("auto", "none", "required") and choice not in {t.name for t in tools}:
         raise invalid(f"tool_choice names {json.dumps(choice)}, which is not among the tools", "tool_choice")
     if choice != "none" and not tools:
@@ -140,8 +144,12 @@ def ignored_tools_header(ignored: tuple[str, ...]) -> dict[str, str]:
     percent-encoded where it is not plain ASCII (a header is latin-1), the list cut at 4 KB."""
     if not ignored:
         return {}
-    value = ", ".join(urllib.parse.quote(name, safe="_-.:/@") for name in ignored)
-    return {IGNORED_TOOLS_HEADER: value if len(value) <= 4096 else value[:4093] + "..."}
+    names = [urllib.parse.quote(name, safe="_-.:/@") for name in ignored]
+    value = ", ".join(names)
+    while len(value) > 4096:  # whole names only, and a mark that some are missing
+        names.pop()
+        value = ", ".join(names) + ", ..."
+    return {IGNORED_TOOLS_HEADER: value}
 
 
 def system_first(turns: list[Message]) -> list[Message]:

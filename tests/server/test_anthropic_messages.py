@@ -49,6 +49,15 @@ def test_thinking_and_effort_become_whether_it_is_shown_and_its_budget(fields: d
     assert (params.show_thinking, params.thinking_budget) == (shown, budget)
 
 
+def test_with_every_tool_left_out_auto_means_no_tools() -> None:
+    params = parse_messages({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "auto"},
+                             "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    assert (params.tools, params.tool_choice, params.ignored_tools) == ((), "none", ("web_search",))
+    with pytest.raises(ApiError):  # but a call it requires cannot be made
+        parse_messages({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "any"},
+                        "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
@@ -59,6 +68,9 @@ def test_thinking_and_effort_become_whether_it_is_shown_and_its_budget(fields: d
     ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "enabled"}}, "thinking"),
     ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "sometimes"}}, "thinking"),
     ({"max_tokens": 5, "messages": ASK, "output_config": {"effort": "huge"}}, "output_config"),
+    ({"max_tokens": 5, "messages": ASK, "output_config": {"effort": ["low"]}}, "output_config"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool", "name": [1]}, "tools": [WEATHER]},
+     "tool_choice"),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "only this"}]}, "messages"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:

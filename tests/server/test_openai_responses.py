@@ -47,6 +47,8 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     assert [m.tool_call_id for m in params.messages[3:]] == ["call_1", "call_2"]
     assert (params.common.max_tokens, params.tool_choice, params.parallel_tool_calls) == (9, "get_weather", False)
     assert (params.common.sampling.temperature, params.common.sampling.top_p) == (0.5, 0.9)
+    left_out = parse_request({"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": "auto"})
+    assert (left_out.tools, left_out.tool_choice, left_out.ignored_tools) == ((), "none", ("web_search",))
     budgets = {effort: parse_request({"input": "hi", "reasoning": {"effort": effort}}).thinking_budget
                for effort in ("minimal", "low", "medium", "high")}
     assert budgets == {"minimal": 0, "low": 1024, "medium": 4096, "high": None}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engines import load_tiny, submit_all
-from runner.sampling.constraints import GrammarSpec, ReasoningGate
+from runner.sampling.constraints import GrammarSpec, LazyConstraint, ReasoningGate
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, GenerationRequest
 from runner.server.reasoning import ReasoningSplitter, split_whole
@@ -125,6 +125,10 @@ def test_at_its_budget_the_thinking_can_only_close(thinker) -> None:
     assert not gate.is_active and _allowed(gate, n_vocab) == set(range(n_vocab))  # no grammar after it
     none = ReasoningGate(None, thinker.model.token_bytes, think, budget=0, close_id=close)
     assert none.is_active and think not in _allowed(none, n_vocab) and none.n_valid([think, x]) == 0
+    lazy = ReasoningGate(lambda: LazyConstraint("<tool_call>", lambda: thinker.compile_constraint(SCHEMA),
+                                                thinker.model.token_bytes),
+                         thinker.model.token_bytes, think, budget=0, close_id=close)  # tools on auto, no thinking
+    assert lazy.is_active and think not in _allowed(lazy, n_vocab) and x in _allowed(lazy, n_vocab)
     unbounded = ReasoningGate(None, thinker.model.token_bytes, think, budget=2, close_id=None)  # close not one token
     unbounded.advance(think)
     for _ in range(5):
