@@ -232,7 +232,6 @@ class ReasoningGate(DeferredConstraint):
     def __init__(self, make: Callable[[], AnyConstraint] | None, token_bytes: Callable[[int], bytes], think_id: int,
                  close: str = "</think>", starts_inside: bool = False, budget: int | None = None,
                  close_id: int | None = None) -> None:
-        self.active: AnyConstraint | None = None  # the grammar after the thinking: a matcher, or a lazy one
         self._make = make
         self._token_bytes = token_bytes
         self._think_id = think_id
@@ -242,7 +241,8 @@ class ReasoningGate(DeferredConstraint):
         self._budget = budget if close_id is not None else None
         self._close_id = close_id
         self._gave_up = False
-        self.active = None if starts_inside or make is None else make()
+        # the grammar after the thinking (a matcher, or a lazy one); from the first token unless it thinks
+        self.active: AnyConstraint | None = None if starts_inside or make is None else make()
         self._may_think = not starts_inside  # the first token: the grammar's, or the think token
         self._thinking = starts_inside
 

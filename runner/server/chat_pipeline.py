@@ -104,12 +104,14 @@ async def _chat_constraint(state: ServerState, params: ChatParams, common: Commo
     reasoning model, after its thinking, which the request's thinking budget bounds."""
     constraint = await compile_grammar(state, common)
     spec, loaded = common.grammar, state.loaded
-    budget = params.thinking_budget if state.think_id is not None else None
+    # a budget needs </think> as one token to end the thought with; without it the model thinks on
+    budget = params.thinking_budget if state.think_close_id is not None else None
     lazy = spec is not None and reading is not None and params.tool_choice == "auto"
 
     def grammar() -> AnyConstraint:
-        assert spec is not None and reading is not None
+        assert spec is not None
         if lazy:
+            assert reading is not None
             return LazyConstraint(TRIGGERS[reading.syntax], lambda: loaded.compile_constraint(spec),
                                   state.facts.token_bytes)
         return loaded.compile_constraint(spec)
@@ -121,7 +123,7 @@ async def _chat_constraint(state: ServerState, params: ChatParams, common: Commo
     if state.think_id is not None:
         return ReasoningGate(grammar if spec is not None else None, state.facts.token_bytes, state.think_id,
                              REASONING_CLOSE, starts_inside=reasoning is not None and reasoning.starts_inside,
-                             budget=budget, close_id=state.facts.single_token_id(REASONING_CLOSE))
+                             budget=budget, close_id=state.think_close_id)
     return constraint
 
 

@@ -14,6 +14,7 @@ from runner.server.embedding_thread import EmbeddingThread
 from runner.server.engine_thread import EngineThread
 from runner.server.event_pump import EventPump
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES, HostPolicy
+from runner.server.reasoning import CLOSE as REASONING_CLOSE
 from runner.server.reasoning import OPEN as REASONING_OPEN
 
 
@@ -39,6 +40,8 @@ class ServerState:
         self.facts: ModelFacts = self.loaded.facts
         # a reasoning model's <think> token, if it has one and the server splits reasoning off
         self.think_id = self.facts.single_token_id(REASONING_OPEN) if self.reasoning_format != "none" else None
+        # its </think> token, where that is one token too: what a thinking budget ends the thought with
+        self.think_close_id = self.facts.single_token_id(REASONING_CLOSE) if self.think_id is not None else None
 
     @property
     def served_name(self) -> str:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from engines import load_tiny, submit_all
+from engines import in_process_server, load_tiny, submit_all
 from runner.sampling.constraints import GrammarSpec, LazyConstraint, ReasoningGate
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, GenerationRequest
@@ -157,19 +157,9 @@ OPENS_THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content
 def thinking_client(tmp_path_factory: pytest.TempPathFactory):
     """The server in-process on a tiny model whose template opens the thinking: every reply starts
     inside it, so a budget decides where it ends."""
-    from starlette.testclient import TestClient
-
-    from runner.server.app import create_app
-    from runner.server.engine_thread import EngineThread
-    from runner.server.state import ServerState
-
     path = write_tiny_gguf(tmp_path_factory.mktemp("opens") / "opens.gguf", extra_specials=("<think>", "</think>"),
                            chat_template=OPENS_THINKING)
-    loaded = load_tiny(path, 1, ctx_size=512)
-    thread = EngineThread(loaded.engine)
-    thread.start()
-    state = ServerState(loaded, thread, ["tiny"])
-    with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
+    with in_process_server(load_tiny(path, 1, ctx_size=512)) as client:
         yield client
 
 
@@ -210,3 +200,13 @@ def test_a_responses_effort_of_none_skips_the_thinking(thinking_client) -> None:
     assert thought[1]["content"][0]["text"] == ""
     skipped = output("none")  # closed at once: all answer
     assert [item["type"] for item in skipped] == ["message"] and skipped[0]["content"][0]["text"]
+
+
+def test_a_schema_after_a_budgeted_thinking_applies_without_tools(thinking_client) -> None:
+    """response_format (no tools) on a reasoning model: the grammar starts once the thinking closes
+    (here at once: effort none)."""
+    reply = thinking_client.post("/v1/responses", json={
+        "model": "tiny", "max_output_tokens": 40, "temperature": 0, "input": "hi", "reasoning": {"effort": "none"},
+        "text": {"format": {"type": "json_schema", "name": "A", "schema": json.loads(SCHEMA.source)}}})
+    assert reply.status_code == 200, reply.text
+    assert set(json.loads(reply.json()["output"][-1]["content"][0]["text"])) == {"a"}
