@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,19 @@ def submit_all(engine: Engine, requests: list[GenerationRequest]) -> list[list[S
 
 def token_ids(events: list[StreamEvent]) -> list[int]:
     return [t for e in events for t in e.token_ids]
+
+
+@contextmanager
+def in_process_server(loaded: LoadedModel, names: tuple[str, ...] = ("tiny",)) -> Iterator[Any]:
+    """The HTTP app on this model, in-process (a starlette TestClient); closing it ends the
+    lifespan, which closes the model."""
+    from starlette.testclient import TestClient
+
+    from runner.server.app import create_app
+    from runner.server.engine_thread import EngineThread
+    from runner.server.state import ServerState
+
+    thread = EngineThread(loaded.engine)
+    thread.start()
+    with TestClient(create_app(ServerState(loaded, thread, list(names))), base_url="http://127.0.0.1") as client:
+        yield client

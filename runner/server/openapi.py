@@ -9,6 +9,7 @@ from typing import Any
 from runner import __version__
 from runner.prompt.chat_template import ROLES
 from runner.server import openai_params, openapi_dialects
+from runner.server.openapi_schema import nullable, object_schema
 from runner.server.request_fields import Field
 
 ERROR_STATUSES = {"400": "bad input", "401": "missing or wrong API key", "403": "Host or Origin not allowed",
@@ -17,70 +18,64 @@ ERROR_STATUSES = {"400": "bad input", "401": "missing or wrong API key", "403": 
 FINISH_REASONS = ["stop", "length", "cancelled", "error"]
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "nullable": True}
 
 
-def _object(properties: dict[str, Any], required: list[str], extra: bool = False) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": extra}
-
-
-TEXT_PART = _object({"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}, ["type", "text"])
-MESSAGE = _object({
+TEXT_PART = object_schema({"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}, ["type", "text"])
+MESSAGE = object_schema({
     "role": {"type": "string", "enum": list(ROLES)},
-    "content": _nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}),
+    "content": nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}),
     "name": {"type": "string"},
 }, ["role"], extra=True)
 STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                        "maxItems": openai_params.MAX_STOP_STRINGS}]}
-STREAM_OPTIONS = _object({"include_usage": openai_params.INCLUDE_USAGE.schema()}, [], extra=True)
+STREAM_OPTIONS = object_schema({"include_usage": openai_params.INCLUDE_USAGE.schema()}, [], extra=True)
 PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
                     {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
-TOOLS = {"type": "array", "items": _object({
+TOOLS = {"type": "array", "items": object_schema({
     "type": {"type": "string", "enum": ["function"]},
-    "function": _object({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    "function": object_schema({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
                          "description": {"type": "string"}, "parameters": {"type": "object"}}, ["name"], extra=True)},
     ["type", "function"])}
 TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
-                         _object({"type": {"type": "string", "enum": ["function"]},
-                                  "function": _object({"name": {"type": "string"}}, ["name"])}, ["type", "function"])]}
-USAGE = _object({
+                         object_schema({"type": {"type": "string", "enum": ["function"]},
+                                  "function": object_schema({"name": {"type": "string"}}, ["name"])}, ["type", "function"])]}
+USAGE = object_schema({
     "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
     "total_tokens": {"type": "integer"},
-    "prompt_tokens_details": _object({"cached_tokens": {"type": "integer"}}, ["cached_tokens"], extra=True),
+    "prompt_tokens_details": object_schema({"cached_tokens": {"type": "integer"}}, ["cached_tokens"], extra=True),
 }, ["prompt_tokens", "completion_tokens", "total_tokens"], extra=True)
-ERROR = _object({"error": _object({
+ERROR = object_schema({"error": object_schema({
     "message": {"type": "string"}, "type": {"type": "string"},
-    "param": _nullable({"type": "string"}), "code": _nullable({"type": "string"}),
+    "param": nullable({"type": "string"}), "code": nullable({"type": "string"}),
 }, ["message", "type", "param", "code"])}, ["error"])
-CHAT_COMPLETION = _object({
+CHAT_COMPLETION = object_schema({
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["chat.completion"]},
     "created": {"type": "integer"}, "model": {"type": "string"},
-    "choices": {"type": "array", "minItems": 1, "items": _object({
+    "choices": {"type": "array", "minItems": 1, "items": object_schema({
         "index": {"type": "integer"},
-        "message": _object({"role": {"type": "string", "enum": ["assistant"]},
-                            "content": _nullable({"type": "string"}), "refusal": _nullable({"type": "string"}),
-                            "tool_calls": {"type": "array", "items": _object({
+        "message": object_schema({"role": {"type": "string", "enum": ["assistant"]},
+                            "content": nullable({"type": "string"}), "refusal": nullable({"type": "string"}),
+                            "tool_calls": {"type": "array", "items": object_schema({
                                 "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
-                                "function": _object({"name": {"type": "string"}, "arguments": {"type": "string"}},
+                                "function": object_schema({"name": {"type": "string"}, "arguments": {"type": "string"}},
                                                     ["name", "arguments"])}, ["id", "type", "function"])}},
                            ["role", "content", "refusal"], extra=True),
-        "logprobs": _nullable({"type": "object"}),
+        "logprobs": nullable({"type": "object"}),
         "finish_reason": {"type": "string", "enum": [*FINISH_REASONS, "tool_calls"]},
     }, ["index", "message", "finish_reason"], extra=True)},
     "usage": USAGE,
 }, ["id", "object", "created", "model", "choices", "usage"], extra=True)
-COMPLETION = _object({
+COMPLETION = object_schema({
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["text_completion"]},
     "created": {"type": "integer"}, "model": {"type": "string"},
-    "choices": {"type": "array", "minItems": 1, "items": _object({
+    "choices": {"type": "array", "minItems": 1, "items": object_schema({
         "index": {"type": "integer"}, "text": {"type": "string"},
-        "logprobs": _nullable({"type": "object"}),
+        "logprobs": nullable({"type": "object"}),
         "finish_reason": {"type": "string", "enum": FINISH_REASONS},
     }, ["index", "text", "finish_reason"], extra=True)},
     "usage": USAGE,
 }, ["id", "object", "created", "model", "choices", "usage"], extra=True)
-MODELS = _object({"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": _object({
+MODELS = object_schema({"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": object_schema({
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]}, "created": {"type": "integer"},
     "owned_by": {"type": "string"}}, ["id", "object", "created", "owned_by"])}}, ["object", "data"])
 
@@ -89,11 +84,11 @@ def _request_body(fields: tuple[Field, ...], extra: dict[str, Any], required: li
     properties = {f.name: f.schema() for f in fields} | extra
     # other properties are ignored, except OpenAI's that this server does not do (openai_params.NOT_SUPPORTED):
     # those get 400 unless their value asks for nothing
-    return {"required": True, "content": {"application/json": {"schema": _object(properties, required, extra=True)}}}
+    return {"required": True, "content": {"application/json": {"schema": object_schema(properties, required, extra=True)}}}
 
 
 # each server-sent event: data is a JSON chunk (or [DONE]); a failure mid-stream is an error envelope
-EVENT_STREAM = {"text/event-stream": {"schema": _object({"data": {"type": "string"}, "event": {"type": "string"}},
+EVENT_STREAM = {"text/event-stream": {"schema": object_schema({"data": {"type": "string"}, "event": {"type": "string"}},
                                                         ["data"], extra=True)}}
 
 

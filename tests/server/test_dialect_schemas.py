@@ -14,10 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import dialect_schemas as published
-from engines import load_tiny
-from runner.server.app import create_app
-from runner.server.engine_thread import EngineThread
-from runner.server.state import ServerState
+from engines import in_process_server, load_tiny
 
 TOOL = {"name": "get_weather", "description": "Get the weather in a city",
         "schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}},
@@ -29,11 +26,7 @@ MESSAGES_TOOL = {"name": TOOL["name"], "description": TOOL["description"], "inpu
 
 @pytest.fixture(scope="module")
 def client(tiny_gguf: Path) -> Iterator[TestClient]:
-    loaded = load_tiny(tiny_gguf, 2, ctx_size=512)
-    thread = EngineThread(loaded.engine)
-    thread.start()
-    state = ServerState(loaded, thread, ["tiny"])
-    with TestClient(create_app(state), base_url="http://127.0.0.1") as c:
+    with in_process_server(load_tiny(tiny_gguf, 2, ctx_size=512)) as c:
         yield c
 
 
