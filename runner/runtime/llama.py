@@ -53,6 +53,26 @@ def init_backend() -> None:
         _backend_ready = True
 
 
+EXTRA_BUFFERS_ENV = "RUNNER_EXTRA_BUFFERS"
+
+
+def uses_extra_buffers(cpuinfo: str | None = None, env: str | None = None) -> bool:
+    """llama.cpp's extra weight buffers (repacked layouts, Intel AMX tiles), except on a CPU with
+    AMX: there the pinned llama.cpp's AMX matrix multiply crashed the first decode (SIGSEGV in
+    ggml_backend_amx_mul_mat, on a Sapphire Rapids VM with a native build), and a crash cannot be
+    caught. $RUNNER_EXTRA_BUFFERS=1 or 0 decides instead."""
+    env = os.environ.get(EXTRA_BUFFERS_ENV) if env is None else env
+    if env in ("0", "1"):
+        return env == "1"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = next((line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return "amx_tile" not in flags
+
+
 def recent_log(n_lines: int = 8) -> str:
     """The last lines llama.cpp logged (errors from a failed load end up here)."""
     lines = [line.strip() for line in list(_recent_log)[-n_lines:] if line.strip()]
@@ -105,6 +125,7 @@ class Model:
         init_backend()
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = uses_extra_buffers()
         _recent_log.clear()
         self.path = Path(path)
         self._ptr = _lc.llama_model_load_from_file(str(path).encode(), params)

@@ -30,3 +30,13 @@ def test_a_thread_that_has_decoded_runs_load_time_decodes_itself(tiny_model: Mod
     assert ran_on != me  # no team yet: the work goes to a scratch thread
     me, ran_on = seen["after"]
     assert ran_on == me
+
+
+def test_extra_weight_buffers_are_off_only_on_a_cpu_with_amx() -> None:
+    from runner.runtime.llama import uses_extra_buffers
+
+    sapphire = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+    zen = "processor\t: 0\nflags\t\t: fpu avx2 avx512f\n"
+    assert not uses_extra_buffers(sapphire, env="")
+    assert uses_extra_buffers(zen, env="")
+    assert uses_extra_buffers(sapphire, env="1") and not uses_extra_buffers(zen, env="0")
