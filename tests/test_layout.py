@@ -26,8 +26,9 @@ ALLOWED = {
     "python_api": {"core", "config", "sampling", "prompt", "scheduler", "model"},
     "server": {"core", "config", "sampling", "prompt", "runtime", "scheduler", "speculation", "catalog", "model",
                "root"},
+    "router": {"core", "config", "runtime", "catalog", "server"},
     "cli": {"core", "config", "sampling", "prompt", "runtime", "scheduler", "speculation", "catalog", "model",
-            "python_api", "server", "root"},
+            "python_api", "server", "router", "root"},
     "root": {"python_api"},
 }
 

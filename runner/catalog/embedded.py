@@ -19,3 +19,11 @@ def embedded_model() -> Path | None:
         return None
     found = sorted((Path(sys._MEIPASS) / EMBEDDED_DIR).glob("*.gguf"))  # type: ignore[attr-defined]
     return found[0] if found else None
+
+
+def embedded_name(names_and_files: dict[str, str]) -> str | None:
+    """The carried model's catalog name (given each catalog name's file), else its path; None: none carried."""
+    model = embedded_model()
+    if model is None:
+        return None
+    return next((n for n, file in names_and_files.items() if file == model.name), str(model))

@@ -98,16 +98,12 @@ def open_browser(url: str) -> None:
 def double_click(parse_args: Callable[[list[str]], argparse.Namespace]) -> int:
     """No arguments: serve the embedded model on a free localhost port and open the chat page
     (parse_args: the `runner` command line's parser)."""
-    model = embedded_model()
-    if model is None:
+    if embedded_model() is None:
         raise RunnerError("this executable carries no model; run it with a command, e.g. `runner chat model.gguf`")
-    from runner.catalog.catalog import Catalog
-    from runner.server.serve import cmd_serve
+    from runner.router.serve import cmd_serve_models
 
-    catalog = Catalog.load()
-    name = next((n for n in catalog.names() if catalog.resolve(n).file == model.name), str(model))
-    args = parse_args(["serve", name, "--port", "0"])
-    return cmd_serve(args, on_ready=None if os.environ.get("RUNNER_NO_BROWSER") else open_browser)
+    args = parse_args(["serve", "--port", "0"])  # no MODEL: the one it carries
+    return cmd_serve_models(args, on_ready=None if os.environ.get("RUNNER_NO_BROWSER") else open_browser)
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The `runner` command line: run, chat, serve, launch, pull, list, rm, info, embed, search, bundle."""
+"""The `runner` command line: run, chat, serve, ps, launch, pull, list, rm, info, embed, search, bundle."""
 
 from __future__ import annotations
 
@@ -274,12 +274,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("info", cmd_info, "describe a model: architecture, parameters, quantization, vocabulary")
     p.add_argument("model")
 
-    from runner.server.serve import add_serve_flags, cmd_serve
+    from runner.router.serve import add_router_flags, cmd_serve_models
+    from runner.server.serve import add_serve_flags
 
-    p = add("serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API")
-    _model_arg(p)
+    p = add("serve", cmd_serve_models, "serve models over OpenAI's, Anthropic's and the Responses API: one MODEL in "
+                                       "this process; none (every cached and catalog model) or several, each "
+                                       "loaded on demand into a process of its own")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT] (default: every cached and catalog "
+                        f"model, {Catalog.load().default} first)")
     _quiet_flag(p)
     add_serve_flags(p)
+    add_router_flags(p)
+    from runner.cli.ps import add_ps_flags, cmd_ps
+
+    p = add("ps", cmd_ps, "show what a running server has loaded: since when, memory, keep-alive left")
+    add_ps_flags(p)
     from runner.cli.launch import add_launch_flags, cmd_launch
 
     p = add("launch", cmd_launch, "run a coding agent (Claude Code, Codex) against a runner server, starting one "

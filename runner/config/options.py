@@ -117,6 +117,15 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
                             help=f"{help_text} (default: {default})")
 
 
+def to_flags(values: object) -> list[str]:
+    """The command-line flags that give these values (add_flags' inverse), e.g. for a child process."""
+    out: list[str] = []
+    for f in dataclasses.fields(values):  # type: ignore[arg-type]
+        if f.metadata.get("cli") is not False:
+            out += [_flag(f), str(getattr(values, f.name))]
+    return out
+
+
 def from_args(cls: type[T], args: argparse.Namespace) -> T:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
                   if f.metadata.get("cli") is not False})

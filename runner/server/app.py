@@ -30,7 +30,7 @@ def create_app(state: ServerState) -> Starlette:
         # NOTE: here, not after uvicorn returns: on SIGTERM uvicorn re-raises the signal once it has shut down
         state.close()
 
-    handlers: dict[Any, Callable] = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
+    handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
     middleware = [Middleware(RequestGuard, hosts=state.hosts, cors_origins=state.cors_origins)]
     if state.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(state.cors_origins), allow_methods=["*"],
@@ -38,16 +38,16 @@ def create_app(state: ServerState) -> Starlette:
     return Starlette(routes=routes(state), exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 
-async def _api_error(request: Request, exc: Exception) -> Response:
+async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return exc.response()
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
+async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", code=code).response()
 
 
-async def _server_error(request: Request, exc: Exception) -> Response:
+async def server_error(request: Request, exc: Exception) -> Response:
     return ApiError(500, f"internal error: {type(exc).__name__}", "server_error").response()

@@ -25,7 +25,12 @@ async def api_body(state: ServerState, request: Request, key: str | None = None)
 
 def check_auth(state: ServerState, request: Request, given: str | None = None) -> None:
     """The request's key: `given` (another dialect's header, e.g. x-api-key), else the Bearer header."""
-    if state.api_key is None:
+    check_key(state.api_key, request, given)
+
+
+def check_key(expected: str | None, request: Request, given: str | None = None) -> None:
+    """check_auth against a key held elsewhere (None: no key needed)."""
+    if expected is None:
         return
     key = given
     if key is None:
@@ -33,5 +38,5 @@ def check_auth(state: ServerState, request: Request, given: str | None = None) -
         key = bearer if scheme.lower() == "bearer" and bearer else None
     if not key:
         raise ApiError(401, "Missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
-    if not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+    if not hmac.compare_digest(key.strip().encode(), expected.encode()):
         raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import jinja2
 from starlette.concurrency import run_in_threadpool
@@ -42,6 +43,7 @@ from runner.server.streaming import ReplyBuilder, run
 
 WEBUI_DIR = Path(__file__).resolve().parents[1] / "webui"
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
+S = TypeVar("S")
 
 
 # -- generation -------------------------------------------------------------------------------
@@ -173,7 +175,12 @@ _PAGE = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEBUI_DIR)), autoe
 
 
 async def index(state: ServerState, request: Request) -> Response:
-    html = _PAGE.get_template("index.html").render(model=state.served_name, needs_key=state.api_key is not None)
+    return index_page(state.served_name, state.api_key is not None)
+
+
+def index_page(model: str, needs_key: bool) -> HTMLResponse:
+    """The web chat's page, opening on `model`."""
+    html = _PAGE.get_template("index.html").render(model=model, needs_key=needs_key)
     return HTMLResponse(html, headers={"Cache-Control": "no-cache", **PAGE_HEADERS})
 
 
@@ -196,12 +203,17 @@ ROUTES: list[tuple[str, str, Handler]] = [
 
 def routes(state: ServerState) -> list[BaseRoute]:
     """The table's handlers bound to this server's state, and the web chat's static files."""
-    table: list[BaseRoute] = [Route(path, _bound(handler, state), methods=[method]) for method, path, handler in ROUTES]
+    return route_table(ROUTES, state)
+
+
+def route_table(rows: list[tuple[str, str, Callable[[S, Request], Awaitable[Response]]]], state: S) -> list[BaseRoute]:
+    """Routes for (method, path, handler) rows, each handler given `state`, and the web chat's files."""
+    table: list[BaseRoute] = [Route(path, _bound(handler, state), methods=[method]) for method, path, handler in rows]
     table.insert(1, Mount("/webui", app=StaticFiles(directory=str(WEBUI_DIR)), name="webui"))
     return table
 
 
-def _bound(handler: Handler, state: ServerState) -> Callable[[Request], Awaitable[Response]]:
+def _bound(handler: Callable[[S, Request], Awaitable[Response]], state: S) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         return await handler(state, request)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.config.options import EngineOptions, add_flags, from_args
 from runner.core.errors import RunnerError
-from runner.server.guards import DEFAULT_MAX_BODY_BYTES
+from runner.server.guards import DEFAULT_MAX_BODY_BYTES, HostPolicy
 from runner.server.reasoning import FORMATS
 
 DEFAULT_PORT = 8080
@@ -47,7 +47,19 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
                         "and last token at once; 0: every token as it is sampled, which costs the engine a "
                         f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
+    p.add_argument("--uds", default=None, metavar="PATH", help=argparse.SUPPRESS)  # a model process's socket
+    p.add_argument("--model-process", action="store_true", help=argparse.SUPPRESS)  # started by a router
     add_flags(p, EngineOptions)
+
+
+def serve_flags_for_models(args: argparse.Namespace) -> list[str]:
+    """The serve flags a router's model processes inherit (the HTTP-facing ones stay with the router)."""
+    return ["--reasoning-format", args.reasoning_format, "--max-body-mb", str(args.max_body_mb),
+            "--stream-interval", str(args.stream_interval)] + (["--quiet"] if args.quiet else [])
+
+
+def host_policy(args: argparse.Namespace) -> HostPolicy:
+    return HostPolicy.for_server(args.host, _names(args.allowed_hosts))
 
 
 def _milliseconds(text: str) -> float:
@@ -86,7 +98,6 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     from runner.model.loaded_model import LoadedModel
     from runner.server.app import create_app
     from runner.server.engine_thread import EngineThread
-    from runner.server.guards import HostPolicy
     from runner.server.state import ServerState
     from runner.server.uvicorn_server import CancellingServer
 
@@ -103,13 +114,16 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     engine_thread.start()
     state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], key,
                         stream_interval_s=args.stream_interval / 1000,
-                        hosts=HostPolicy.for_server(args.host, _names(args.allowed_hosts)),
+                        hosts=host_policy(args),
                         cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6),
                         reasoning_format=args.reasoning_format)
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning", access_log=False,
+    where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
+    config = uvicorn.Config(create_app(state), **where, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     server = CancellingServer(config, on_exit=engine_thread.cancel_all)
-    _announce_when_ready(server, loaded.name, loaded.options.parallel, on_ready)
+    print_ready(server, loaded.name, f" with {loaded.options.parallel} slots", on_ready)
+    if args.model_process:
+        _exit_with_parent()
     try:
         server.run()
     finally:
@@ -117,7 +131,20 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     return 0
 
 
-def _announce_when_ready(server: object, name: str, n_slots: int, on_ready: Callable[[str], None] | None) -> None:
+def _exit_with_parent() -> None:
+    """A model process ends when its router does, however the router ended: the router holds the
+    other end of our stdin, and the pipe's end-of-file arrives when the router is gone."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        sys.stdin.buffer.read()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def print_ready(server: object, what: str, detail: str, on_ready: Callable[[str], None] | None) -> None:
     """Print the URL once uvicorn has bound (with --port 0 the port is only known then)."""
     original = server.startup  # type: ignore[attr-defined]
 
@@ -125,11 +152,10 @@ def _announce_when_ready(server: object, name: str, n_slots: int, on_ready: Call
         await original(sockets=sockets)
         for s in server.servers:  # type: ignore[attr-defined]
             for sock in s.sockets:
-                host, port = sock.getsockname()[:2]
-                print(f"runner: serving {name} with {n_slots} slots on http://{host}:{port} (Ctrl-C to stop)",
-                      file=sys.stderr, flush=True)
+                name = sock.getsockname()
+                url = f"unix:{name}" if isinstance(name, str) else f"http://{name[0]}:{name[1]}"
+                print(f"runner: serving {what}{detail} on {url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
                 if on_ready is not None:
-                    on_ready(f"http://{host}:{port}/")
+                    on_ready(url + "/")
 
     server.startup = startup  # type: ignore[attr-defined]
-

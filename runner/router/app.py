@@ -1,0 +1,56 @@
+"""The router's HTTP app assembled: its route table, the same guards and error envelopes as a
+model's server, and a lifespan that preloads the default model, expires idle ones and unloads all
+at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+
+from runner.router.model_pool import PoolError
+from runner.router.routes import routes
+from runner.router.state import RouterState
+from runner.server.app import api_error, http_error, server_error
+from runner.server.errors import ApiError
+from runner.server.guards import RequestGuard
+
+EXPIRY_INTERVAL_S = 1.0
+
+
+def create_router_app(state: RouterState, log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+                      ) -> Starlette:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if state.preload and state.pool.default is not None:
+            try:
+                await state.pool.load(state.pool.default)
+            except PoolError as exc:
+                log(f"runner: {exc.message} (the server goes on; a request for it tries again)")
+        expiry = asyncio.create_task(_expire_idle(state))
+        yield
+        expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expiry
+        await state.pool.close()
+
+    handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
+    middleware = [Middleware(RequestGuard, hosts=state.hosts, cors_origins=state.cors_origins)]
+    if state.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(state.cors_origins), allow_methods=["*"],
+                                     allow_headers=["*"], max_age=600))
+    return Starlette(routes=routes(state), exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
+
+
+async def _expire_idle(state: RouterState) -> None:
+    while True:
+        await asyncio.sleep(EXPIRY_INTERVAL_S)
+        await state.pool.expire()

@@ -1,0 +1,247 @@
+"""The loaded models of a router: load on demand (one load per model however many requests ask),
+requests in flight counted per model, keep-alive expiry, and room made by unloading the least
+recently used idle models. Runs on the router's event loop; a model process is its unit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from runner.router.eviction import Resident, make_room
+from runner.router.keep_alive import FOREVER
+from runner.router.model_process import LoadFailed
+from runner.router.servable import ServableModel
+
+RETRY_AFTER_S = 5
+
+
+class ModelState(str, Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+
+
+class Process(Protocol):
+    """What the pool needs of a model process (model_process.ModelProcess, or a test's fake)."""
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def terminate(self) -> None: ...
+
+
+class PoolError(Exception):
+    """A request the pool cannot serve now: the HTTP status, one sentence, and a code."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+
+
+@dataclass
+class _Slot:
+    """One servable model's place in the pool."""
+
+    model: ServableModel
+    keep_alive_s: float
+    process: Process | None = None
+    loading: asyncio.Task[None] | None = None
+    n_waiting: int = 0
+    n_in_flight: int = 0
+    n_bytes: int = 0
+    last_used_s: float = 0.0
+    loaded_at: float = 0.0  # wall clock, for people
+    unloading: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def state(self) -> ModelState:
+        if self.loading is not None:
+            return ModelState.LOADING
+        return ModelState.LOADED if self.process is not None and self.process.is_alive else ModelState.UNLOADED
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """What /v1/models, /models and `runner ps` show of a model."""
+
+    model: ServableModel
+    state: ModelState
+    n_in_flight: int
+    n_bytes: int
+    loaded_at: float | None
+    expires_in_s: float | None  # None: not loaded, or kept forever
+
+
+class ModelPool:
+    def __init__(self, models: list[ServableModel], spawn: Callable[[ServableModel], Process],
+                 plan_bytes: Callable[[ServableModel], Awaitable[int]], *, keep_alive_s: float,
+                 max_models: int = 0, memory_budget_bytes: int | None = None,
+                 available_bytes: Callable[[], int] | None = None, max_waiting: int = 64,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._slots = {m.name: _Slot(m, m.keep_alive_s if m.keep_alive_s is not None else keep_alive_s)
+                       for m in models}
+        self._ids = {model_id: m.name for m in models for model_id in m.ids}
+        self.default = models[0].name if models else None
+        self._spawn, self._plan_bytes = spawn, plan_bytes
+        self._max_models, self._budget, self._available = max_models, memory_budget_bytes, available_bytes
+        self._max_waiting, self._clock = max_waiting, clock
+        self._room_lock = asyncio.Lock()
+
+    # -- what is servable ----------------------------------------------------------------------
+    def ids(self) -> list[str]:
+        return list(self._ids)
+
+    def name_of(self, model_id: str) -> str | None:
+        return self._ids.get(model_id)
+
+    def statuses(self) -> list[ModelStatus]:
+        now = self._clock()
+        return [ModelStatus(s.model, s.state, s.n_in_flight, s.n_bytes,
+                            s.loaded_at if s.state is ModelState.LOADED else None,
+                            self._expires_in(s, now)) for s in self._slots.values()]
+
+    def _expires_in(self, slot: _Slot, now: float) -> float | None:
+        if slot.state is not ModelState.LOADED or slot.keep_alive_s == FOREVER:
+            return None
+        if slot.n_in_flight:
+            return slot.keep_alive_s
+        return max(0.0, slot.last_used_s + slot.keep_alive_s - now)
+
+    def loaded(self) -> list[tuple[str, Process]]:
+        return [(name, s.process) for name, s in self._slots.items()
+                if s.process is not None and s.state is ModelState.LOADED]
+
+    # -- a request's life ------------------------------------------------------------------------
+    async def acquire(self, name: str, keep_alive_s: float | None = None) -> Process:
+        """The model's process, loaded if need be, with this request counted in flight until release()."""
+        slot = self._slots[name]
+        if keep_alive_s is not None:
+            slot.keep_alive_s = keep_alive_s
+        while slot.state is not ModelState.LOADED:
+            if slot.loading is None:
+                slot.loading = asyncio.create_task(self._load(slot))
+            if slot.n_waiting >= self._max_waiting:
+                raise PoolError(503, f"'{name}' is loading and {slot.n_waiting} requests already wait for it",
+                                "model_loading", RETRY_AFTER_S)
+            slot.n_waiting += 1
+            try:
+                await asyncio.shield(slot.loading)
+            finally:
+                slot.n_waiting -= 1
+        slot.n_in_flight += 1
+        slot.last_used_s = self._clock()
+        assert slot.process is not None
+        return slot.process
+
+    def release(self, name: str) -> None:
+        slot = self._slots[name]
+        slot.n_in_flight -= 1
+        slot.last_used_s = self._clock()
+        if slot.n_in_flight == 0 and slot.keep_alive_s == 0:
+            self._unload_soon(slot)
+
+    async def load(self, name: str) -> None:
+        """Load without a request (POST /models/load)."""
+        await self.acquire(name)
+        self.release(name)
+
+    async def unload(self, name: str) -> bool:
+        """Unload now (POST /models/unload); False if it was not loaded; PoolError while it answers requests."""
+        slot = self._slots[name]
+        if slot.n_in_flight:
+            raise PoolError(409, f"'{name}' is answering {slot.n_in_flight} requests; unload it when they end "
+                                 "(or send keep_alive: 0 with the last)", "model_busy")
+        if slot.loading is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(slot.loading)
+        was_loaded = slot.process is not None
+        await self._unload(slot)
+        return was_loaded
+
+    async def expire(self) -> list[str]:
+        """Unload the idle models whose keep-alive has run out; their names."""
+        now = self._clock()
+        due = [s for s in self._slots.values() if s.state is ModelState.LOADED and s.n_in_flight == 0
+               and now - s.last_used_s >= s.keep_alive_s]
+        for slot in due:
+            await self._unload(slot)
+        return [s.model.name for s in due]
+
+    def terminate_all(self) -> None:
+        """Signal every model process to stop (a shutdown; close() then waits for them)."""
+        for slot in self._slots.values():
+            if slot.process is not None:
+                slot.process.terminate()
+
+    async def close(self) -> None:
+        for slot in self._slots.values():
+            if slot.loading is not None:
+                slot.loading.cancel()
+                with contextlib.suppress(BaseException):
+                    await slot.loading
+            await self._unload(slot)
+
+    # -- loading and unloading -----------------------------------------------------------------
+    async def _load(self, slot: _Slot) -> None:
+        try:
+            if slot.process is not None:  # it died (a crash): its remains go first
+                await self._unload(slot)
+            try:
+                need = await self._plan_bytes(slot.model)
+            except Exception as exc:  # RunnerError: missing file, not GGUF, unknown name, pull failed
+                raise PoolError(500, f"'{slot.model.name}' cannot load: {exc}", "model_load_failed") from None
+            async with self._room_lock:
+                await self._make_room(slot, need)
+                slot.n_bytes = need
+                process = self._spawn(slot.model)
+                slot.process = process
+            try:
+                await process.start()
+            except LoadFailed as exc:
+                slot.process = None
+                raise PoolError(500, f"'{slot.model.name}' failed to load: {exc}", "model_load_failed") from None
+            slot.loaded_at = time.time()
+            slot.last_used_s = self._clock()
+        finally:
+            slot.loading = None
+
+    async def _make_room(self, slot: _Slot, need: int) -> None:
+        residents = [Resident(s.model.name, s.n_bytes, s.n_in_flight + (s.loading is not None and s is not slot),
+                              s.model.is_pinned, s.last_used_s)
+                     for s in self._slots.values() if s is not slot and s.process is not None]
+        if self._budget is not None:
+            free = self._budget - sum(r.n_bytes for r in residents)
+        else:
+            free = self._available() if self._available else 1 << 62
+        room = make_room(slot.model.name, need, free, residents, self._max_models)
+        if not room.can_load:
+            assert room.reason is not None
+            raise PoolError(503 if room.is_transient else 500, room.reason,
+                            "model_busy" if room.is_transient else "insufficient_memory",
+                            RETRY_AFTER_S if room.is_transient else None)
+        for name in room.evict:
+            await self._unload(self._slots[name])
+
+    def _unload_soon(self, slot: _Slot) -> None:
+        async def unload_if_still_idle() -> None:
+            if slot.n_in_flight == 0 and slot.loading is None:
+                await self._unload(slot)
+
+        task = asyncio.create_task(unload_if_still_idle())
+        slot.unloading.add(task)
+        task.add_done_callback(slot.unloading.discard)
+
+    async def _unload(self, slot: _Slot) -> None:
+        process, slot.process = slot.process, None
+        slot.n_bytes = 0
+        if process is not None:
+            await process.stop()

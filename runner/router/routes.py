@@ -1,0 +1,191 @@
+"""The router's route table: API requests go to the process of the model they name (loaded on
+demand); the model list, load/unload, health, slots and metrics are answered here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute
+
+from runner.core.errors import OptionError
+from runner.router.keep_alive import parse_keep_alive
+from runner.router.metrics import labelled
+from runner.router.model_pool import ModelStatus, PoolError
+from runner.router.proxy import forward
+from runner.router.state import RouterState
+from runner.server import anthropic_messages
+from runner.server.edge import check_key
+from runner.server.errors import ApiError, invalid
+from runner.server.guards import check_json_content_type, read_body
+from runner.server.openapi import openapi_document
+from runner.server.request_fields import check_model, parse_json
+from runner.server.routes import index_page, route_table
+
+Handler = Callable[[RouterState, Request], Awaitable[Response]]
+
+
+# -- requests for a model ----------------------------------------------------------------------
+async def model_request(state: RouterState, request: Request) -> Response:
+    """Any API request: checked here, run by the process of the model it names."""
+    anthropic = request.url.path.startswith("/v1/messages")
+    try:
+        check_key(state.api_key, request, anthropic_messages.api_key(request) if anthropic else None)
+        check_json_content_type(request)
+        body = await read_body(request, state.max_body_bytes)
+        parsed = parse_json(body)
+        name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
+        keep_alive = _keep_alive(parsed)
+        process = await _acquire(state, name, keep_alive)
+        return await forward(process.client, request, body, name, lambda: state.pool.release(name))
+    except ApiError as exc:
+        return anthropic_messages.error_response(exc) if anthropic else exc.response()
+
+
+def _served_name(state: RouterState, requested: object) -> str:
+    ids = state.pool.ids()
+    if requested is not None and not isinstance(requested, str):
+        raise invalid("'model' must be a string", "model")
+    check_model(requested, ids)
+    name = state.pool.name_of(requested or "")
+    assert name is not None
+    return name
+
+
+def _keep_alive(body: object) -> float | None:
+    if not isinstance(body, dict) or body.get("keep_alive") is None:
+        return None
+    try:
+        return parse_keep_alive(body["keep_alive"], "keep_alive")
+    except OptionError as exc:
+        raise invalid(str(exc), "keep_alive") from None
+
+
+async def _acquire(state: RouterState, name: str, keep_alive_s: float | None):  # type: ignore[no-untyped-def]
+    try:
+        return await state.pool.acquire(name, keep_alive_s)
+    except PoolError as exc:
+        raise _api_error(exc) from None
+
+
+def _api_error(exc: PoolError) -> ApiError:
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+    return ApiError(exc.status, exc.message, kind, param="model", code=exc.code, headers=headers)
+
+
+# -- the models --------------------------------------------------------------------------------
+async def v1_models(state: RouterState, request: Request) -> Response:
+    """OpenAI's list, every servable id, each with its state (an extension: status.value)."""
+    check_key(state.api_key, request)
+    data = [{"id": model_id, "object": "model", "created": state.created, "owned_by": "runner",
+             "status": {"value": s.state.value}}
+            for s in state.pool.statuses() for model_id in s.model.ids]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def models(state: RouterState, request: Request) -> Response:
+    """Every servable model with what `runner ps` shows (llama.cpp's router names: GET /models)."""
+    check_key(state.api_key, request)
+    return JSONResponse({"object": "list", "data": [_described(s) for s in state.pool.statuses()]})
+
+
+def _described(s: ModelStatus) -> dict[str, object]:
+    return {"id": s.model.name, "object": "model", "aliases": list(s.model.aliases), "source": s.model.source,
+            "status": {"value": s.state.value}, "pinned": s.model.is_pinned, "requests_in_flight": s.n_in_flight,
+            "memory_bytes": s.n_bytes or None, "loaded_at": s.loaded_at, "expires_in_s": s.expires_in_s}
+
+
+async def load(state: RouterState, request: Request) -> Response:
+    name = await _named_in_body(state, request)
+    try:
+        await state.pool.load(name)
+    except PoolError as exc:
+        raise _api_error(exc) from None
+    return JSONResponse({"success": True, "model": name, "status": {"value": "loaded"}})
+
+
+async def unload(state: RouterState, request: Request) -> Response:
+    name = await _named_in_body(state, request)
+    try:
+        was_loaded = await state.pool.unload(name)
+    except PoolError as exc:
+        raise _api_error(exc) from None
+    return JSONResponse({"success": True, "model": name, "was_loaded": was_loaded, "status": {"value": "unloaded"}})
+
+
+async def _named_in_body(state: RouterState, request: Request) -> str:
+    check_key(state.api_key, request)
+    check_json_content_type(request)
+    body = parse_json(await read_body(request, state.max_body_bytes))
+    return _served_name(state, body.get("model") if isinstance(body, dict) else None)
+
+
+# -- about the server --------------------------------------------------------------------------
+async def health(state: RouterState, request: Request) -> Response:
+    loaded = {s.model.name: s.state.value for s in state.pool.statuses() if s.state.value != "unloaded"}
+    return JSONResponse({"status": "ok", "model": state.pool.default, "slot_context": state.slot_context,
+                         "models": loaded})
+
+
+async def slots(state: RouterState, request: Request) -> Response:
+    """Every loaded model's slots, each naming its model (?model=NAME: that model's alone)."""
+    check_key(state.api_key, request)
+    wanted = request.query_params.get("model")
+    if wanted is not None:
+        _served_name(state, wanted)
+    answers = await _ask_loaded(state, "/slots", state.pool.name_of(wanted) if wanted else None)
+    return JSONResponse([{"model": name, **slot} for name, text in answers for slot in json.loads(text)])
+
+
+async def metrics(state: RouterState, request: Request) -> Response:
+    check_key(state.api_key, request)
+    return PlainTextResponse(labelled(await _ask_loaded(state, "/metrics"), state.pool.statuses()),
+                             media_type="text/plain; version=0.0.4")
+
+
+async def _ask_loaded(state: RouterState, path: str, only: str | None = None) -> list[tuple[str, str]]:
+    """GET path from every loaded model's process (a process that does not answer is left out)."""
+    async def ask(name: str, client) -> tuple[str, str] | None:  # type: ignore[no-untyped-def]
+        try:
+            reply = await client.get(path, timeout=10)
+        except Exception:
+            return None
+        return (name, reply.text) if reply.status_code == 200 else None
+
+    loaded = [(n, p) for n, p in state.pool.loaded() if only is None or n == only]
+    answers = await asyncio.gather(*(ask(n, p.client) for n, p in loaded))  # type: ignore[attr-defined]
+    return [a for a in answers if a is not None]
+
+
+async def openapi(state: RouterState, request: Request) -> Response:
+    return JSONResponse(openapi_document(needs_key=state.api_key is not None, max_n=state.max_n,
+                                         model_ids=state.pool.ids()))
+
+
+async def index(state: RouterState, request: Request) -> Response:
+    return index_page(state.pool.default or "", state.api_key is not None)
+
+
+# -- the table ---------------------------------------------------------------------------------
+MODEL_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+               "/v1/messages/count_tokens"]
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/", index),
+    *(("POST", path, model_request) for path in MODEL_PATHS),
+    ("GET", "/v1/models", v1_models),
+    ("GET", "/models", models),
+    ("POST", "/models/load", load),
+    ("POST", "/models/unload", unload),
+    ("GET", "/health", health),
+    ("GET", "/openapi.json", openapi),
+    ("GET", "/slots", slots),
+    ("GET", "/metrics", metrics),
+]
+
+
+def routes(state: RouterState) -> list[BaseRoute]:
+    return route_table(ROUTES, state)

@@ -1,0 +1,21 @@
+import pytest
+
+from runner.core.errors import OptionError
+from runner.router.keep_alive import FOREVER, describe, parse_keep_alive
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("30m", 1800), ("5m", 300), ("1h30m", 5400), ("45s", 45), ("250ms", 0.25), ("300", 300), (300, 300),
+    (0, 0), ("0", 0), (-1, FOREVER), ("-1", FOREVER), ("-5m", FOREVER), (2.5, 2.5)])
+def test_durations_are_read_as_ollama_writes_them(value: object, seconds: float) -> None:
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["", "m", "5 minutes", "5m3", "1d", True, None, [], float("nan")])
+def test_a_bad_duration_names_the_field(value: object) -> None:
+    with pytest.raises(OptionError, match="^keep_alive must be a duration"):
+        parse_keep_alive(value, "keep_alive")
+
+
+def test_described_for_people() -> None:
+    assert [describe(s) for s in (0, 90, 1800, FOREVER)] == ["0s", "90s", "30m", "forever"]

@@ -1,0 +1,261 @@
+"""The pool's decisions on scripted model processes and an injected clock (the real processes:
+test_router.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from runner.config.options import EngineOptions
+from runner.router.model_pool import ModelPool, ModelState, PoolError
+from runner.router.model_process import LoadFailed
+from runner.router.servable import ServableModel
+
+MIB = 1 << 20
+
+
+class FakeProcess:
+    def __init__(self, model: ServableModel, log: list[str], gate: asyncio.Event | None, failure: str | None) -> None:
+        self.model, self._log, self._gate, self._failure = model, log, gate, failure
+        self._alive = False
+
+    @property
+    def is_alive(self) -> bool:
+        return self._alive
+
+    async def start(self) -> None:
+        self._log.append(f"start {self.model.name}")
+        if self._gate is not None:
+            await self._gate.wait()
+        if self._failure:
+            raise LoadFailed(self._failure)
+        self._alive = True
+
+    async def stop(self) -> None:
+        if self._alive:
+            self._log.append(f"stop {self.model.name}")
+        self._alive = False
+
+    def terminate(self) -> None:
+        self._alive = False
+
+    def crash(self) -> None:
+        self._alive = False
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(name: str, *, pinned: bool = False, keep_alive_s: float | None = None) -> ServableModel:
+    return ServableModel(name, name, EngineOptions(), is_pinned=pinned, keep_alive_s=keep_alive_s)
+
+
+def make_pool(names: list[str] | list[ServableModel], log: list[str], *, sizes: dict[str, int] | None = None,
+              gate: asyncio.Event | None = None, failures: dict[str, str] | None = None,
+              clock: Clock | None = None, **kw: object) -> tuple[ModelPool, dict[str, FakeProcess]]:
+    processes: dict[str, FakeProcess] = {}
+    models = [model(n) if isinstance(n, str) else n for n in names]
+
+    def spawn(m: ServableModel) -> FakeProcess:
+        processes[m.name] = FakeProcess(m, log, gate, (failures or {}).get(m.name))
+        return processes[m.name]
+
+    async def plan(m: ServableModel) -> int:
+        if m.name == "missing":
+            raise FileNotFoundError("model file not found: missing.gguf")
+        return (sizes or {}).get(m.name, 100) * MIB
+
+    kw.setdefault("keep_alive_s", 1800.0)
+    pool = ModelPool(models, spawn, plan, clock=clock or Clock(), **kw)  # type: ignore[arg-type]
+    return pool, processes
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+def test_eight_requests_arriving_together_cause_one_load() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        gate = asyncio.Event()
+        pool, _ = make_pool(["a"], log, gate=gate)
+        waiters = [asyncio.create_task(pool.acquire("a")) for _ in range(8)]
+        await asyncio.sleep(0)
+        assert [s.state for s in pool.statuses()] == [ModelState.LOADING]
+        gate.set()
+        await asyncio.gather(*waiters)
+        assert log == ["start a"] and pool.statuses()[0].n_in_flight == 8
+
+    run(test)
+
+
+def test_waiting_for_a_load_is_bounded_by_the_queue() -> None:
+    async def test() -> None:
+        gate = asyncio.Event()
+        pool, _ = make_pool(["a"], [], gate=gate, max_waiting=2)
+        waiters = [asyncio.create_task(pool.acquire("a")) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(PoolError) as refused:
+            await pool.acquire("a")
+        assert (refused.value.status, refused.value.code, refused.value.retry_after_s) == (503, "model_loading", 5)
+        gate.set()
+        await asyncio.gather(*waiters)
+
+    run(test)
+
+
+def test_a_failed_load_answers_every_waiter_and_the_next_request_tries_again() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, _ = make_pool(["a"], log, failures={"a": "llama.cpp could not load a.gguf"})
+        results = await asyncio.gather(*(pool.acquire("a") for _ in range(3)), return_exceptions=True)
+        assert {(e.status, e.message) for e in results if isinstance(e, PoolError)} == {
+            (500, "'a' failed to load: llama.cpp could not load a.gguf")}
+        assert len(results) == 3 and log == ["start a"]
+        with pytest.raises(PoolError):
+            await pool.acquire("a")
+        assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.UNLOADED
+
+    run(test)
+
+
+def test_a_model_that_cannot_be_planned_is_refused_before_any_process_starts() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, _ = make_pool(["missing"], log)
+        with pytest.raises(PoolError) as refused:
+            await pool.acquire("missing")
+        assert refused.value.message == "'missing' cannot load: model file not found: missing.gguf"
+        assert log == []
+
+    run(test)
+
+
+def test_keep_alive_expires_on_the_clock_and_a_request_in_flight_holds_the_model() -> None:
+    log: list[str] = []
+    clock = Clock()
+
+    async def test() -> None:
+        pool, _ = make_pool(["a", "b"], log, clock=clock, keep_alive_s=300.0)
+        await pool.acquire("a")
+        await pool.acquire("b")
+        pool.release("b")
+        clock.now += 299
+        assert await pool.expire() == []
+        assert [s.expires_in_s for s in pool.statuses()] == [300.0, 1.0]  # a is busy: its time starts at the end
+        clock.now += 1
+        assert await pool.expire() == ["b"]
+        clock.now += 10_000
+        assert await pool.expire() == []  # a is still answering
+        pool.release("a")
+        clock.now += 300
+        assert await pool.expire() == ["a"]
+        assert log == ["start a", "start b", "stop b", "stop a"]
+
+    run(test)
+
+
+def test_a_requests_keep_alive_sets_the_models_and_zero_unloads_after_the_reply() -> None:
+    log: list[str] = []
+    clock = Clock()
+
+    async def test() -> None:
+        pool, _ = make_pool(["a"], log, clock=clock)
+        await pool.acquire("a", keep_alive_s=0.0)
+        await pool.acquire("a")  # a second request, in flight: the model stays until it ends
+        pool.release("a")
+        await asyncio.sleep(0)
+        assert pool.statuses()[0].state is ModelState.LOADED
+        pool.release("a")
+        await asyncio.sleep(0.01)
+        assert pool.statuses()[0].state is ModelState.UNLOADED and log == ["start a", "stop a"]
+
+    run(test)
+
+
+def test_keep_alive_forever_never_expires() -> None:
+    clock = Clock()
+
+    async def test() -> None:
+        pool, _ = make_pool([model("a", keep_alive_s=float("inf"))], [], clock=clock)
+        await pool.load("a")
+        clock.now += 1e9
+        assert await pool.expire() == [] and pool.statuses()[0].expires_in_s is None
+
+    run(test)
+
+
+def test_under_a_memory_budget_the_lru_idle_model_goes_and_pinned_and_busy_ones_stay() -> None:
+    log: list[str] = []
+    clock = Clock()
+
+    async def test() -> None:
+        names = [model("pinned", pinned=True), model("old"), model("busy"), model("new")]
+        pool, _ = make_pool(names, log, clock=clock, memory_budget_bytes=350 * MIB)
+        for name in ("pinned", "old", "busy"):
+            await pool.acquire(name)
+            clock.now += 1
+        pool.release("pinned")
+        pool.release("old")
+        await pool.acquire("new")
+        assert log == ["start pinned", "start old", "start busy", "stop old", "start new"]
+        states = {s.model.name: s.state.value for s in pool.statuses()}
+        assert states == {"pinned": "loaded", "old": "unloaded", "busy": "loaded", "new": "loaded"}
+
+    run(test)
+
+
+def test_a_load_that_only_busy_models_block_is_a_503_and_too_big_a_500_with_the_plan() -> None:
+    async def test() -> None:
+        pool, _ = make_pool(["busy", "next", "huge"], [], sizes={"huge": 5000}, memory_budget_bytes=150 * MIB)
+        await pool.acquire("busy")
+        with pytest.raises(PoolError) as busy:
+            await pool.acquire("next")
+        assert (busy.value.status, busy.value.retry_after_s) == (503, 5)
+        with pytest.raises(PoolError) as huge:
+            await pool.acquire("huge")
+        assert (huge.value.status, huge.value.code) == (500, "insufficient_memory")
+        assert huge.value.message == "'huge' needs 5,000 MiB but at most 150 MiB can be freed for it"
+        assert {s.model.name: s.state.value for s in pool.statuses()}["busy"] == "loaded"
+
+    run(test)
+
+
+def test_unloading_a_busy_model_is_refused_and_an_idle_one_goes() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, _ = make_pool(["a"], log)
+        await pool.acquire("a")
+        with pytest.raises(PoolError) as refused:
+            await pool.unload("a")
+        assert (refused.value.status, refused.value.code) == (409, "model_busy")
+        pool.release("a")
+        assert await pool.unload("a") is True and await pool.unload("a") is False
+        assert log == ["start a", "stop a"]
+
+    run(test)
+
+
+def test_a_crashed_process_is_loaded_again_by_the_next_request() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, processes = make_pool(["a"], log)
+        await pool.load("a")
+        processes["a"].crash()
+        assert pool.statuses()[0].state is ModelState.UNLOADED
+        await pool.acquire("a")
+        assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.LOADED
+
+    run(test)
