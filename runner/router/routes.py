@@ -96,7 +96,8 @@ async def models(state: RouterState, request: Request) -> Response:
 def _described(s: ModelStatus) -> dict[str, object]:
     return {"id": s.model.name, "object": "model", "aliases": list(s.model.aliases), "source": s.model.source,
             "status": {"value": s.state.value}, "pinned": s.model.is_pinned, "requests_in_flight": s.n_in_flight,
-            "memory_bytes": s.n_bytes or None, "loaded_at": s.loaded_at, "expires_in_s": s.expires_in_s}
+            "memory_bytes": s.n_bytes or None, "loaded_at": s.loaded_at, "expires_in_s": s.expires_in_s,
+            "loads": s.n_loads, "pid": s.pid}
 
 
 async def load(state: RouterState, request: Request) -> Response:

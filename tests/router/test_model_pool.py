@@ -25,6 +25,10 @@ class FakeProcess:
     def is_alive(self) -> bool:
         return self._alive
 
+    @property
+    def pid(self) -> int | None:
+        return 1 if self._alive else None
+
     async def start(self) -> None:
         self._log.append(f"start {self.model.name}")
         if self._gate is not None:
@@ -92,7 +96,7 @@ def test_eight_requests_arriving_together_cause_one_load() -> None:
         assert [s.state for s in pool.statuses()] == [ModelState.LOADING]
         gate.set()
         await asyncio.gather(*waiters)
-        assert log == ["start a"] and pool.statuses()[0].n_in_flight == 8
+        assert log == ["start a"] and pool.statuses()[0].n_in_flight == 8 and pool.statuses()[0].n_loads == 1
 
     run(test)
 
@@ -171,14 +175,16 @@ def test_a_requests_keep_alive_sets_the_models_and_zero_unloads_after_the_reply(
 
     async def test() -> None:
         pool, _ = make_pool(["a"], log, clock=clock)
-        await pool.acquire("a", keep_alive_s=0.0)
-        await pool.acquire("a")  # a second request, in flight: the model stays until it ends
+        await pool.acquire("a")
+        await pool.acquire("a", keep_alive_s=0.0)  # the latest request says; the first is still in flight
         pool.release("a")
         await asyncio.sleep(0)
         assert pool.statuses()[0].state is ModelState.LOADED
         pool.release("a")
         await asyncio.sleep(0.01)
         assert pool.statuses()[0].state is ModelState.UNLOADED and log == ["start a", "stop a"]
+        await pool.acquire("a")  # none said: the default again
+        assert pool.statuses()[0].expires_in_s == 1800.0
 
     run(test)
 

@@ -93,13 +93,8 @@ def _events(reply: httpx.Response) -> list[tuple[str | None, dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def gemma(model_cache: Path) -> Iterator[ServerProcess]:
+def gemma(model_cache: Path, gemma_path: Path) -> Iterator[ServerProcess]:
     """gemma-3-270m with a 32k slot: the context an agent's prompt needs."""
-    from runner.catalog.pull import pull
-    from runner.catalog.store import ModelStore
-
-    store = ModelStore(root=model_cache)
-    pull(store.catalog.resolve("gemma-3-270m"), store, quiet=True)
     server = ServerProcess("gemma-3-270m", model_cache, "--ctx-size", "32768", "--parallel", "1")
     yield server
     server.stop()

@@ -12,16 +12,26 @@ import numpy as np
 import pytest
 
 from engines import load_tiny
+from runner.runtime.llama import uses_extra_buffers
 from runner.scheduler.request import FinishReason, GenerationRequest, StreamEvent
 from server_process import ServerProcess
 
 MODEL = "smollm2-135m-instruct"
 
 
-def reference_logprobs(path: Path, ids: list[int]) -> list[float]:
+def reference_logprobs(path: Path, ids: list[int], monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Each token's logprob given the ones before it, from llama-cpp-python's own evaluation (flash
     attention on, as runner's contexts run)."""
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=512, verbose=False, flash_attn=True)
+    with monkeypatch.context() as patch:  # llama-cpp-python's defaults, with runner's choice of weight buffers
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def model_params() -> llama_cpp.llama_model_params:
+            params = defaults()
+            params.use_extra_bufts = uses_extra_buffers()
+            return params
+
+        patch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", model_params)
+        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=512, verbose=False, flash_attn=True)
     try:
         llm.eval(ids)
         scores = np.array(llm.scores[: len(ids)], dtype=np.float64)
@@ -32,7 +42,7 @@ def reference_logprobs(path: Path, ids: list[int]) -> list[float]:
     return [float(logprobs[i, ids[i + 1]]) for i in range(len(ids) - 1)]
 
 
-def test_prompt_logprobs_come_from_every_chunk_of_the_prefill(tiny_gguf: Path) -> None:
+def test_prompt_logprobs_come_from_every_chunk_of_the_prefill(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = tuple(range(30, 90))  # 60 tokens in chunks of 16
     loaded = load_tiny(tiny_gguf, 2, batch_size=16)
     try:
@@ -52,7 +62,7 @@ def test_prompt_logprobs_come_from_every_chunk_of_the_prefill(tiny_gguf: Path) -
     scored = final.prompt_logprobs
     assert [lp.token_id for lp in scored] == list(prompt[1:])
     assert all(len(lp.top) == 2 and lp.top[0][1] >= lp.logprob - 1e-9 for lp in scored)
-    np.testing.assert_allclose([lp.logprob for lp in scored], reference_logprobs(tiny_gguf, list(prompt)), atol=1e-3)
+    np.testing.assert_allclose([lp.logprob for lp in scored], reference_logprobs(tiny_gguf, list(prompt), monkeypatch), atol=1e-3)
 
 
 def test_the_prompt_logprobs_ride_on_the_first_token(tiny_gguf: Path) -> None:
@@ -75,7 +85,8 @@ def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
 
 
 @pytest.mark.model
-def test_echo_scores_the_prompt_as_llama_cpp_does(server: ServerProcess, smollm2_path: Path) -> None:
+def test_echo_scores_the_prompt_as_llama_cpp_does(server: ServerProcess, smollm2_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs, max_tokens 0."""
     text = "The quick brown fox jumps over the lazy dog"
     r = server.post("/v1/completions", json={"prompt": text, "echo": True, "logprobs": 1, "max_tokens": 0})
@@ -89,7 +100,7 @@ def test_echo_scores_the_prompt_as_llama_cpp_does(server: ServerProcess, smollm2
     ids = llm.tokenize(text.encode(), add_bos=False, special=True)
     llm.close()
     assert len(lp["tokens"]) == len(ids) and r.json()["usage"]["completion_tokens"] == 0
-    assert sum(lp["token_logprobs"][1:]) == pytest.approx(sum(reference_logprobs(smollm2_path, ids)), abs=1e-3)
+    assert sum(lp["token_logprobs"][1:]) == pytest.approx(sum(reference_logprobs(smollm2_path, ids, monkeypatch)), abs=1e-3)
     by_ids = server.post("/v1/completions", json={"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0})
     assert by_ids.json()["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
 

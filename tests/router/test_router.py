@@ -1,0 +1,267 @@
+"""A real router: SmolLM2 and gemma-3-270m served side by side, each in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from server_process import ServerProcess
+
+from runner.catalog.store import ModelStore
+from runner.config.options import EngineOptions
+from runner.router.serve import memory_plan_bytes
+from runner.router.servable import ServableModel
+
+pytestmark = pytest.mark.model
+SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
+FLAGS = ("--parallel", "2", "--ctx-size", "1024")
+
+
+@pytest.fixture(scope="module")
+def router(smollm2_path: Path, gemma_path: Path, model_cache: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(SMOL, model_cache, *FLAGS, "--keep-alive", "10m", models=(SMOL, GEMMA))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gemma_alone(gemma_path: Path, model_cache: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(GEMMA, model_cache, *FLAGS)
+    yield server
+    server.stop()
+
+
+def listed(server: ServerProcess, **kw: object) -> dict[str, dict]:
+    return {m["id"]: m for m in server.get("/models", **kw).json()["data"]}
+
+
+def chat(server: ServerProcess, model: str, content: str, max_tokens: int = 12, **extra: object) -> httpx.Response:
+    return server.post("/v1/chat/completions", json={
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+        "temperature": 0, **extra})
+
+
+def reply_text(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def stream_text(server: ServerProcess, model: str, content: str, max_tokens: int,
+                on_first: threading.Event | None = None) -> tuple[str, bool]:
+    """The streamed reply's text, and whether the stream ended with [DONE]."""
+    text, done = "", False
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as response:
+        try:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    delta = json.loads(line[6:])["choices"][0]["delta"]
+                    text += delta.get("content") or ""
+                    if on_first is not None:
+                        on_first.set()
+        except httpx.HTTPError:
+            pass  # the stream was cut
+    return text, done
+
+
+def unload(server: ServerProcess, model: str) -> None:
+    response = server.post("/models/unload", json={"model": model})
+    assert response.status_code == 200, response.text
+    assert listed(server)[model]["status"] == {"value": "unloaded"}
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_requests_naming_two_models_interleaved_get_each_models_own_greedy_reply(
+        router: ServerProcess, serve_smollm2, gemma_alone: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    alone = {SMOL: serve_smollm2(*FLAGS), GEMMA: gemma_alone}
+    asks = [(model, prompt) for prompt in ("Name a colour.", "What is 2+2?") for model in (SMOL, GEMMA)]
+    expected = {(m, p): reply_text(chat(alone[m], m, p)) for m, p in asks}
+    replies: dict[tuple[str, str], str] = {}
+
+    def ask(model: str, prompt: str) -> None:
+        response = chat(router, model, prompt)
+        assert response.json()["model"] == model
+        replies[(model, prompt)] = reply_text(response)
+
+    threads = [threading.Thread(target=ask, args=a) for a in asks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert replies == expected
+    assert expected[(SMOL, "Name a colour.")] != expected[(GEMMA, "Name a colour.")]
+
+
+def test_an_unknown_model_is_a_404_naming_the_servable_ones_in_each_dialect(router: ServerProcess) -> None:
+    message = f"The model 'nope' does not exist; this server serves: {SMOL}, {GEMMA}"
+    openai_reply = chat(router, "nope", "Hi")
+    assert openai_reply.status_code == 404
+    assert openai_reply.json()["error"] == {"message": message, "type": "invalid_request_error", "param": "model",
+                                            "code": "model_not_found"}
+    anthropic_reply = router.post("/v1/messages", json={"model": "nope", "max_tokens": 4,
+                                                        "messages": [{"role": "user", "content": "Hi"}]})
+    assert anthropic_reply.status_code == 404
+    assert anthropic_reply.json() == {"type": "error", "error": {"type": "not_found_error", "message": message}}
+    missing = router.post("/v1/chat/completions", json={"model": None, "messages": []})
+    assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_required_parameter"
+
+
+def test_v1_models_lists_every_servable_model_with_its_state(router: ServerProcess) -> None:
+    chat(router, SMOL, "Hi", max_tokens=1)
+    data = router.get("/v1/models").json()["data"]
+    assert [m["id"] for m in data] == [SMOL, GEMMA]
+    assert data[0]["status"] == {"value": "loaded"} and data[1]["status"]["value"] in ("loaded", "unloaded")
+    assert router.get("/health").json()["status"] == "ok"
+
+
+def test_a_load_does_not_disturb_another_models_stream(router: ServerProcess) -> None:
+    unload(router, GEMMA)
+    prompt = "Count from 1 to 60, separated by commas."
+    expected = stream_text(router, SMOL, prompt, 100)
+    first = threading.Event()
+    got: list[tuple[str, bool]] = []
+    streaming = threading.Thread(target=lambda: got.append(stream_text(router, SMOL, prompt, 100, first)))
+    streaming.start()
+    assert first.wait(60)
+    assert reply_text(chat(router, GEMMA, "Hi", max_tokens=4))  # loads gemma meanwhile
+    streaming.join()
+    assert got == [expected] and expected[1]
+
+
+def test_eight_requests_arriving_together_for_an_unloaded_model_cause_one_load(router: ServerProcess) -> None:
+    unload(router, GEMMA)
+    loads_before = listed(router)[GEMMA]["loads"]
+    statuses: list[int] = []
+    threads = [threading.Thread(target=lambda: statuses.append(chat(router, GEMMA, "Hi", max_tokens=2).status_code))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200] * 8
+    assert listed(router)[GEMMA]["loads"] == loads_before + 1
+
+
+def test_keep_alive_zero_unloads_the_model_after_its_reply(router: ServerProcess) -> None:
+    assert reply_text(chat(router, GEMMA, "Hi", max_tokens=2, keep_alive=0)) is not None
+    assert wait_for(lambda: listed(router)[GEMMA]["status"]["value"] == "unloaded")
+    bad = chat(router, GEMMA, "Hi", keep_alive="soon")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+
+
+def test_a_crashed_model_process_fails_only_its_own_requests_and_loads_again(router: ServerProcess) -> None:
+    chat(router, GEMMA, "Hi", max_tokens=1)
+    before = listed(router)[GEMMA]
+    first = threading.Event()
+    got: list[tuple[str, bool]] = []
+    streaming = threading.Thread(target=lambda: got.append(stream_text(router, GEMMA, "Tell me a long story.", 400,
+                                                                       first)))
+    streaming.start()
+    assert first.wait(60)
+    os.kill(before["pid"], signal.SIGKILL)  # as a native abort would end it
+    streaming.join()
+    assert got[0][1] is False  # the stream ended without [DONE]
+    assert reply_text(chat(router, SMOL, "Hi", max_tokens=2)) and router.get("/health").status_code == 200
+    assert reply_text(chat(router, GEMMA, "Hi", max_tokens=2))
+    after = listed(router)[GEMMA]
+    assert after["loads"] == before["loads"] + 1 and after["pid"] != before["pid"]
+
+
+def test_slots_and_metrics_are_labelled_per_model(router: ServerProcess) -> None:
+    chat(router, GEMMA, "Hi", max_tokens=1)
+    slots = router.get("/slots").json()
+    assert sorted({s["model"] for s in slots}) == [GEMMA, SMOL] and len(slots) == 4
+    assert {s["model"] for s in router.get("/slots", params={"model": GEMMA}).json()} == {GEMMA}
+    metrics = router.get("/metrics").text
+    assert f'runner_requests_total{{model="{SMOL}"}}' in metrics and "runner_models_loaded 2" in metrics
+    assert metrics.count("# TYPE runner_requests_total counter") == 1
+
+
+def test_runner_ps_shows_what_is_loaded(router: ServerProcess) -> None:
+    chat(router, GEMMA, "Hi", max_tokens=1)
+    port = router.url.rsplit(":", 1)[1]
+    out = subprocess.run([sys.executable, "-m", "runner", "ps", "--port", port], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["MODEL", "STATE", "SINCE", "MEMORY", "REQUESTS", "UNLOADS", "IN"]
+    assert [line.split()[:2] for line in lines[1:]] == [[SMOL, "loaded"], [GEMMA, "loaded"]]
+    assert all(line.endswith("10m") for line in lines[1:])
+
+
+def plan_mib(model: str, store: ModelStore) -> int:
+    options = EngineOptions(parallel=1, ctx_size=512)
+    return memory_plan_bytes(ServableModel(model, model, options), store) >> 20
+
+
+def test_a_memory_budget_unloads_the_lru_idle_model_keeps_a_pinned_one_and_contains_a_bad_file(
+        smollm2_path: Path, gemma_path: Path, model_cache: Path, tmp_path: Path) -> None:
+    store = ModelStore(root=model_cache)
+    smol_mib, gemma_mib = plan_mib(SMOL, store), plan_mib(GEMMA, store)
+    budget = f"{max(smol_mib, gemma_mib) + min(smol_mib, gemma_mib) // 2}MiB"  # one at a time
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)
+    flags = ("--parallel", "1", "--ctx-size", "512", "--max-memory", budget, "--models-dir", str(tmp_path))
+    server = ServerProcess(SMOL, model_cache, *flags, models=(SMOL, GEMMA))
+    try:
+        assert listed(server)[SMOL]["status"]["value"] == "loaded"
+        assert reply_text(chat(server, GEMMA, "Hi", max_tokens=2))
+        states = {name: m["status"]["value"] for name, m in listed(server).items()}
+        assert states == {SMOL: "unloaded", GEMMA: "loaded", "broken": "unloaded"}
+        broken = chat(server, "broken", "Hi")
+        assert broken.status_code == 500 and broken.json()["error"]["code"] == "model_load_failed"
+        assert broken.json()["error"]["message"].startswith("'broken' cannot load: ")
+        assert reply_text(chat(server, SMOL, "Hi", max_tokens=2))  # gemma, idle now, makes room
+    finally:
+        server.stop()
+    pinned = ServerProcess(SMOL, model_cache, *flags, "--pin", SMOL, models=(SMOL, GEMMA))
+    try:
+        refused = chat(pinned, GEMMA, "Hi")
+        assert refused.status_code == 500 and refused.json()["error"]["code"] == "insufficient_memory"
+        assert refused.json()["error"]["message"] == (
+            f"'{GEMMA}' needs {gemma_mib:,} MiB but at most {int(budget[:-3]) - smol_mib:,} MiB can be freed for it "
+            f"({SMOL} pinned: {smol_mib:,} MiB)")
+        assert listed(pinned)[SMOL]["status"]["value"] == "loaded"
+        child = listed(pinned)[SMOL]["pid"]
+        pinned.proc.kill()  # the router ends without a word: its model processes follow
+        pinned.proc.wait()
+        assert wait_for(lambda: not Path(f"/proc/{child}").exists() or _is_zombie(child))
+    finally:
+        pinned.stop()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def test_the_api_key_guards_the_model_endpoints(smollm2_path: Path, model_cache: Path) -> None:
+    server = ServerProcess(SMOL, model_cache, "--no-preload", "--api-key", "k", models=(SMOL, GEMMA))
+    try:
+        assert server.get("/models").status_code == 401 and server.get("/v1/models").status_code == 401
+        assert server.post("/models/load", json={"model": SMOL}).status_code == 401
+        assert server.get("/health").json()["models"] == {}
+        assert server.get("/models", headers={"Authorization": "Bearer k"}).status_code == 200
+    finally:
+        server.stop()
