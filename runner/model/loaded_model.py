@@ -213,6 +213,14 @@ class LoadedModel:
     def embedding_ids(self, text: str) -> list[int]:
         return self.model.tokenize(text, add_special=True, parse_special=False)
 
+    def set_threads(self, n_threads: int) -> None:
+        """The decode threads of the model's contexts and its draft's (call on the engine thread; the
+        embedding context keeps its own)."""
+        self.runner.context.set_threads(n_threads)
+        draft_context = getattr(self.speculator.drafter, "context", None) if self.speculator else None
+        if draft_context is not None:
+            draft_context.set_threads(n_threads)
+
     def close(self) -> None:
         if self._embedder is not None:
             self._embedder.close()

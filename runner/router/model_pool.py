@@ -41,6 +41,8 @@ class Process(Protocol):
 
     def terminate(self) -> None: ...
 
+    async def set_threads(self, n_threads: int) -> None: ...
+
 
 class PoolError(Exception):
     """A request the pool cannot serve now: the HTTP status, one sentence, and a code."""
@@ -92,7 +94,7 @@ class ModelPool:
     def __init__(self, models: list[ServableModel], spawn: Callable[[ServableModel], Process],
                  plan_bytes: Callable[[ServableModel], Awaitable[int]], *, keep_alive_s: float,
                  max_models: int = 0, memory_budget_bytes: int | None = None,
-                 available_bytes: Callable[[], int] | None = None, max_waiting: int = 64,
+                 available_bytes: Callable[[], int] | None = None, max_waiting: int = 64, n_threads: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._slots = {m.name: _Slot(m, m.keep_alive_s if m.keep_alive_s is not None else keep_alive_s)
                        for m in models}
@@ -104,6 +106,8 @@ class ModelPool:
         self._max_models, self._budget, self._available = max_models, memory_budget_bytes, available_bytes
         self._max_waiting, self._clock = max_waiting, clock
         self._room_lock = asyncio.Lock()
+        self._n_threads = n_threads  # the cores the busy models share (0: each keeps its own)
+        self._sharing: set[asyncio.Task[None]] = set()
 
     # -- what is servable ----------------------------------------------------------------------
     def ids(self) -> list[str]:
@@ -137,6 +141,17 @@ class ModelPool:
         the model stays loaded keep_alive_s after (None: its default), as the latest request says."""
         slot = self._slots[name]
         slot.keep_alive_s = slot.default_keep_alive_s if keep_alive_s is None else keep_alive_s
+        await self._loaded(slot)
+        slot.n_in_flight += 1
+        slot.last_used_s = self._clock()
+        assert slot.process is not None
+        if slot.n_in_flight == 1:
+            await self._share_threads()  # before its first step: two busy models must not oversubscribe
+        return slot.process
+
+    async def _loaded(self, slot: _Slot) -> None:
+        """Once the model is loaded: by this call, or by the load another request started."""
+        name = slot.model.name
         while slot.state is not ModelState.LOADED:
             if slot.loading is None:
                 slot.loading = asyncio.create_task(self._load(slot))
@@ -148,22 +163,22 @@ class ModelPool:
                 await asyncio.shield(slot.loading)
             finally:
                 slot.n_waiting -= 1
-        slot.n_in_flight += 1
-        slot.last_used_s = self._clock()
-        assert slot.process is not None
-        return slot.process
 
     def release(self, name: str) -> None:
         slot = self._slots[name]
         slot.n_in_flight -= 1
         slot.last_used_s = self._clock()
-        if slot.n_in_flight == 0 and slot.keep_alive_s == 0:
-            self._unload_soon(slot)
+        if slot.n_in_flight == 0:
+            if slot.keep_alive_s == 0:
+                self._unload_soon(slot)
+            task = asyncio.create_task(self._share_threads())  # the others may take its cores
+            self._sharing.add(task)
+            task.add_done_callback(self._sharing.discard)
 
     async def load(self, name: str) -> None:
         """Load without a request (POST /models/load)."""
-        await self.acquire(name)
-        self.release(name)
+        await self._loaded(self._slots[name])
+        self._slots[name].last_used_s = self._clock()
 
     async def unload(self, name: str) -> bool:
         """Unload now (POST /models/unload); False if it was not loaded; PoolError while it answers requests."""
@@ -200,6 +215,19 @@ class ModelPool:
                 with contextlib.suppress(BaseException):
                     await slot.loading
             await self._unload(slot)
+
+    def thread_shares(self) -> dict[str, int]:
+        """Each loaded model's decode threads: the cores split evenly between the busy models (at
+        least one each); an idle one keeps them all for when it is alone again."""
+        loaded = [s for s in self._slots.values() if s.state is ModelState.LOADED]
+        n_busy = sum(1 for s in loaded if s.n_in_flight)
+        share = max(1, self._n_threads // max(1, n_busy))
+        return {s.model.name: share if s.n_in_flight else self._n_threads for s in loaded}
+
+    async def _share_threads(self) -> None:
+        if self._n_threads:
+            await asyncio.gather(*(self._slots[name].process.set_threads(n)  # type: ignore[union-attr]
+                                   for name, n in self.thread_shares().items()))
 
     # -- loading and unloading -----------------------------------------------------------------
     async def _load(self, slot: _Slot) -> None:

@@ -42,6 +42,7 @@ class ModelProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._tail: deque[str] = deque(maxlen=20)
         self._reader: asyncio.Task[None] | None = None
+        self.n_threads = model.options.threads
         self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
                                         base_url="http://localhost", timeout=httpx.Timeout(None, connect=10.0))
 
@@ -95,6 +96,13 @@ class ModelProcess:
         how = f"exit status {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
         last = f": {self._tail[-1]}" if self._tail else ""
         return f"the model process for '{self.model.name}' ended ({how}){last}"
+
+    async def set_threads(self, n_threads: int) -> None:
+        """The process's decode threads from its next step (the router shares the cores)."""
+        if n_threads != self.n_threads and self.is_alive:
+            self.n_threads = n_threads
+            with contextlib.suppress(httpx.HTTPError):  # a process that just ended has no threads to set
+                await self.client.post("/model-process/threads", json={"threads": n_threads}, timeout=10)
 
     def terminate(self) -> None:
         """SIGTERM now, without waiting (the router is shutting down: stop() follows)."""

@@ -18,7 +18,7 @@ from runner.config.options import EngineOptions, from_args
 from runner.core.errors import OptionError, RunnerError
 from runner.router.keep_alive import describe, parse_keep_alive
 from runner.router.model_process import ModelProcess
-from runner.router.servable import ServableModel, read_models_config, servable_models
+from runner.router.servable import ServableModel, name_of, read_models_config, servable_models
 from runner.runtime.gguf_file import read_gguf
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes
 from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, serve_flags_for_models
@@ -84,6 +84,10 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     config = read_models_config(args.models_config) if args.models_config else {}
     for name in args.pin:
         config.setdefault(name, {})["pin"] = True
+    if args.alias:  # in a router, the first model's
+        first = args.models[0] if args.models else store.catalog.default
+        section = config.setdefault(name_of(first, store.catalog), {})
+        section["aliases"] = [*section.get("aliases", []), *args.alias]
     models = servable_models(args.models, options, store, args.models_dir, config)
     if not models:
         raise OptionError("nothing to serve: no MODEL, no cached or catalog model and no GGUF in --models-dir")
@@ -101,7 +105,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     keep_alive = parse_keep_alive(args.keep_alive)
     pool = ModelPool(models, spawn, plan_bytes, keep_alive_s=keep_alive, max_models=args.max_models,
                      memory_budget_bytes=args.max_memory, available_bytes=available_ram_bytes,
-                     max_waiting=options.max_queue)
+                     max_waiting=options.max_queue, n_threads=options.threads)
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
                         preload=not args.no_preload)

@@ -403,6 +403,10 @@ class Context:
         """Largest cached position of a sequence, -1 when empty."""
         return int(_lc.llama_memory_seq_pos_max(self._memory, seq_id))
 
+    def set_threads(self, n_threads: int) -> None:
+        """llama.cpp's CPU threads for the next decodes (only between two decodes: the engine thread's)."""
+        _lc.llama_set_n_threads(self._ptr, n_threads, n_threads)
+
     def close(self) -> None:
         if self._ptr:
             _lc.llama_free(self._ptr)

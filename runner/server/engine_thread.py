@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 from runner.core.errors import RunnerError
 from runner.scheduler.engine import Engine
@@ -25,6 +26,8 @@ from runner.scheduler.request import (
 )
 from runner.scheduler.scheduler import QueueFullError
 from runner.scheduler.snapshot import EngineSnapshot
+
+T = TypeVar("T")
 
 SNAPSHOT_TIMEOUT_S = 30.0  # a step can be long (a big prompt chunk on a slow CPU); past this, something is stuck
 
@@ -93,13 +96,17 @@ class EngineThread:
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's counters and slot table, built by the engine thread between two steps."""
+        return self.call(self.engine.snapshot)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """fn's result, run by the engine thread between two steps (here when it is not running)."""
         if not self._thread.is_alive():  # not started, or ended: nothing else touches the engine now
-            return self.engine.snapshot()
-        future: Future[EngineSnapshot] = Future()
+            return fn()
+        future: Future[T] = Future()
 
         def answer() -> None:
             try:
-                future.set_result(self.engine.snapshot())
+                future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - the asking thread raises it
                 future.set_exception(exc)
 

@@ -171,6 +171,16 @@ async def metrics(state: ServerState, request: Request) -> Response:
     return PlainTextResponse(render_metrics(snapshot), media_type="text/plain; version=0.0.4")
 
 
+async def set_threads(state: ServerState, request: Request) -> Response:
+    """A router shares the cores between its busy models: this model's decode threads from now on."""
+    body = await api_body(state, request)
+    n_threads = body.get("threads")
+    if type(n_threads) is not int or n_threads < 1:
+        raise invalid("'threads' must be a whole number of 1 or more", "threads")
+    await run_in_threadpool(state.engine_thread.call, lambda: state.loaded.set_threads(n_threads))
+    return JSONResponse({"threads": n_threads})
+
+
 _PAGE = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEBUI_DIR)), autoescape=True)
 
 
@@ -201,9 +211,12 @@ ROUTES: list[tuple[str, str, Handler]] = [
 ]
 
 
+MODEL_PROCESS_ROUTES: list[tuple[str, str, Handler]] = [("POST", "/model-process/threads", set_threads)]
+
+
 def routes(state: ServerState) -> list[BaseRoute]:
     """The table's handlers bound to this server's state, and the web chat's static files."""
-    return route_table(ROUTES, state)
+    return route_table(ROUTES + (MODEL_PROCESS_ROUTES if state.is_model_process else []), state)
 
 
 def route_table(rows: list[tuple[str, str, Callable[[S, Request], Awaitable[Response]]]], state: S) -> list[BaseRoute]:

@@ -42,7 +42,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 1e6, metavar="MB",
                    help="largest request body; larger ones get 413 before they are read "
                         f"(default: {DEFAULT_MAX_BODY_BYTES / 1e6:g})")
-    p.add_argument("--alias", action="append", default=[], help="another model id to answer to (repeatable)")
+    p.add_argument("--alias", action="append", default=[],
+                   help="another model id to answer to (repeatable; serving several: the first model's)")
     p.add_argument("--stream-interval", type=_milliseconds, default=DEFAULT_STREAM_INTERVAL_MS, metavar="MS",
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
                         "and last token at once; 0: every token as it is sampled, which costs the engine a "
@@ -116,7 +117,7 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
                         stream_interval_s=args.stream_interval / 1000,
                         hosts=host_policy(args),
                         cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6),
-                        reasoning_format=args.reasoning_format)
+                        reasoning_format=args.reasoning_format, is_model_process=args.model_process)
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
     config = uvicorn.Config(create_app(state), **where, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

@@ -30,6 +30,7 @@ class ServerState:
     hosts: HostPolicy = field(default_factory=lambda: HostPolicy.for_server("127.0.0.1"))
     cors_origins: frozenset[str] = frozenset()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    is_model_process: bool = False  # started by a router, which may set its threads
     is_closed: bool = False
     _pump: EventPump | None = None
     _embeddings: EmbeddingThread | None = None

@@ -45,6 +45,11 @@ class FakeProcess:
     def terminate(self) -> None:
         self._alive = False
 
+    async def set_threads(self, n_threads: int) -> None:
+        if n_threads != getattr(self, "n_threads", None):
+            self.n_threads = n_threads
+            self._log.append(f"threads {self.model.name} {n_threads}")
+
     def crash(self) -> None:
         self._alive = False
 
@@ -263,5 +268,24 @@ def test_a_crashed_process_is_loaded_again_by_the_next_request() -> None:
         assert pool.statuses()[0].state is ModelState.UNLOADED
         await pool.acquire("a")
         assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.LOADED
+
+    run(test)
+
+
+def test_busy_models_share_the_cores_and_one_alone_gets_them_all_back() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, _ = make_pool(["a", "b", "c"], log, n_threads=4)
+        await pool.acquire("a")
+        assert pool.thread_shares() == {"a": 4} and log == ["start a", "threads a 4"]
+        await pool.acquire("b")
+        assert log[-2:] == ["threads a 2", "threads b 2"]  # set before b's request goes on
+        await pool.load("c")  # loaded, not busy
+        assert pool.thread_shares() == {"a": 2, "b": 2, "c": 4}
+        pool.release("a")
+        await asyncio.sleep(0.01)
+        assert pool.thread_shares() == {"a": 4, "b": 4, "c": 4}
+        assert log[-3:] == ["threads a 4", "threads b 4", "threads c 4"]
 
     run(test)
