@@ -22,7 +22,7 @@ from runner.prompt.chat_template import (
 )
 from runner.prompt.tools import Tool
 from runner.runtime.calibration import measure
-from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key
+from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key, vocabulary_key
 from runner.runtime.draft_agreement import measure_agreement
 from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
@@ -100,6 +100,7 @@ class LoadedModel:
                              jump_forward=self.options.jump_forward == "on")
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
+        self._cache_dir = store.root
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
@@ -163,7 +164,10 @@ class LoadedModel:
 
     def warm_up(self) -> None:
         """What a first request would otherwise wait for: the vocabulary scan behind
-        facts.check_text_fits, the template's first render (and the server's worker thread that runs this)."""
+        facts.check_text_fits, the template's first render (and the server's worker thread that runs this).
+        The scan's result is kept with the calibrations: a model loaded again skips it."""
+        self.model.knows_max_token_bytes(cached_json(self._cache_dir, vocabulary_key(self.path),
+                                                     lambda: self.model.max_token_bytes))
         self.facts.check_text_fits(0)
         with contextlib.suppress(TemplateError, TemplateLimitError):  # (such a template answers requests the same)
             self.chat_prompt_ids([Message("user", "warm-up")])

@@ -64,6 +64,7 @@ class _Slot:
     n_waiting: int = 0
     n_in_flight: int = 0
     n_bytes: int = 0
+    planned_bytes: int | None = None  # its memory plan, made at its first load (from the GGUF's header)
     n_loads: int = 0
     last_used_s: float = 0.0
     loaded_at: float = 0.0  # wall clock, for people
@@ -235,7 +236,9 @@ class ModelPool:
             if slot.process is not None:  # it died (a crash): its remains go first
                 await self._unload(slot)
             try:
-                need = await self._plan_bytes(slot.model)
+                if slot.planned_bytes is None:
+                    slot.planned_bytes = await self._plan_bytes(slot.model)
+                need = slot.planned_bytes
             except Exception as exc:  # RunnerError: missing file, not GGUF, unknown name, pull failed
                 raise PoolError(500, f"'{slot.model.name}' cannot load: {exc}", "model_load_failed") from None
             async with self._room_lock:

@@ -27,7 +27,7 @@ def cached_json(cache_dir: Path, key: str, make: Callable[[], Any]) -> Any:
     value = make()
     data = {k: v for k, v in data.items() if k.startswith(CALIBRATION_VERSION + ":")}
     data[key] = value
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes (a router's models) may write at once
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
     return value
@@ -46,3 +46,8 @@ def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: 
 def agreement_key(target_path: Path, draft_path: Path) -> str:
     """A pair's draft agreement depends on the two files only (not threads or machine)."""
     return f"{CALIBRATION_VERSION}:agreement:{_file_key(target_path)}:{_file_key(draft_path)}"
+
+
+def vocabulary_key(model_path: Path) -> str:
+    """What a scan of the model's vocabulary found (its longest token), per file."""
+    return f"{CALIBRATION_VERSION}:vocabulary:{_file_key(model_path)}"

@@ -226,6 +226,10 @@ class Model:
         """The most UTF-8 bytes one token can stand for (as a piece or as its vocabulary text)."""
         return max(max(len(self.token_bytes(t)), len(self.token_text(t).encode())) for t in range(self.n_vocab))
 
+    def knows_max_token_bytes(self, n_bytes: int) -> None:
+        """max_token_bytes from an earlier scan of the same file (a scan takes 0.6 s for 262k tokens)."""
+        self.__dict__["max_token_bytes"] = n_bytes
+
     def token_text(self, token_id: int) -> str:
         """The vocabulary's text for a token, specials included (e.g. '<|im_end|>')."""
         raw = _lc.llama_vocab_get_text(self._vocab, token_id)

@@ -44,3 +44,27 @@ def test_ordinary_messages_tokenize_as_the_whole_rendered_text(loaded: LoadedMod
 
 def test_the_model_knows_its_special_texts(loaded: LoadedModel) -> None:
     assert set(loaded.model.special_texts) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+
+
+def test_the_vocabulary_scan_is_kept_for_the_next_load_of_the_same_file(tiny_gguf: Path, tmp_path: Path) -> None:
+    import json
+
+    from runner.catalog.store import ModelStore
+    from runner.config.options import EngineOptions
+
+    store = ModelStore(root=tmp_path)
+    options = EngineOptions(parallel=1, ctx_size=256, batch_size=128, threads=2)
+    first = LoadedModel(tiny_gguf, options, store=store, log=lambda _: None)
+    first.warm_up()
+    scanned = first.model.max_token_bytes
+    first.close()
+    kept = json.loads((tmp_path / "calibration.json").read_text())
+    (key,) = [k for k in kept if ":vocabulary:tiny.gguf:" in k]
+    assert kept[key] == scanned
+    (tmp_path / "calibration.json").write_text(json.dumps({**kept, key: 999}))  # the next load reads, not scans
+    second = LoadedModel(tiny_gguf, options, store=store, log=lambda _: None)
+    try:
+        second.warm_up()
+        assert second.model.max_token_bytes == 999
+    finally:
+        second.close()
