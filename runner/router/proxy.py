@@ -11,8 +11,9 @@ from starlette.responses import Response, StreamingResponse
 
 from runner.server.errors import ApiError
 
-# headers that describe one connection, not the message (RFC 9110 7.6.1), or that the server sets itself
-_REQUEST_DROP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
+# headers that describe one connection, not the message (RFC 9110 7.6.1), or that the server sets itself;
+# Host and Origin were checked here (the model process would see a foreign origin on its private socket)
+_REQUEST_DROP = {"host", "origin", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
 _RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 
 

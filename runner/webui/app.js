@@ -232,13 +232,14 @@ async function pollServer() {
     if (!slotsResp.ok) throw new Error(await errorText(slotsResp));
     const slots = await slotsResp.json();
     const metrics = metricsResp.ok ? await metricsResp.text() : "";
-    const queue = (metrics.match(/^runner_queue_depth (\d+)/m) || [0, "?"])[1];
+    const depths = [...metrics.matchAll(/^runner_queue_depth(?:\{[^}]*\})? (\d+)/gm)];  // one per loaded model
+    const queue = depths.length ? depths.reduce((n, m) => n + Number(m[1]), 0) : "?";
     const busy = slots.filter((s) => s.state !== "idle").length;
     $("server-status").textContent = `slots busy ${busy}/${slots.length} · queue ${queue}`;
     $("slot-bar").replaceChildren(...slots.map((s) => {
       const cell = document.createElement("span");
       cell.className = "slot " + s.state;
-      cell.title = `slot ${s.id}: ${s.state}, ${s.n_cached} tokens cached`;
+      cell.title = `${s.model ? s.model + " " : ""}slot ${s.id}: ${s.state}, ${s.n_cached} tokens cached`;
       return cell;
     }));
   } catch (err) {
@@ -251,9 +252,19 @@ async function loadModels() {
     const resp = await fetch("/v1/models", { headers: headers() });
     if (!resp.ok) return;
     const data = await resp.json();
-    $("model").replaceChildren(...data.data.map((m) => {
+    // a server of several models says which are loaded; the others load when a message needs them
+    const label = (m) => m.id + (m.status && m.status.value !== "loaded" ? ` (${m.status.value})` : "");
+    const picker = $("model");
+    const same = picker.options.length === data.data.length
+      && data.data.every((m, i) => picker.options[i].value === m.id);
+    if (same) {  // only the states changed: relabel in place (an open list stays open)
+      data.data.forEach((m, i) => { picker.options[i].textContent = label(m); });
+      return;
+    }
+    picker.replaceChildren(...data.data.map((m) => {
       const opt = document.createElement("option");
-      opt.value = opt.textContent = m.id;
+      opt.value = m.id;
+      opt.textContent = label(m);
       return opt;
     }));
     renderSettings();
@@ -316,3 +327,4 @@ renderAll();
 loadModels();
 pollServer();
 setInterval(pollServer, 1000);
+setInterval(loadModels, 2000);

@@ -196,3 +196,45 @@ def test_error_envelope_text_is_shown(page, server: ServerProcess) -> None:
     send(page, "Hi")
     page.wait_for_selector(".message.assistant.error")
     assert "404: The model 'no-such-model' does not exist" in page.locator(".message.error").inner_text()
+
+
+def wait_until(page, expression: str, timeout_s: float = 60) -> None:
+    """Polled from here, as wait_for_reply_longer_than is (the page's CSP refuses wait_for_function)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true in {timeout_s} s: {expression}"
+        page.wait_for_timeout(50)
+
+
+@pytest.fixture(scope="module")
+def router(smollm2_path: Path, gemma_path: Path, model_cache: Path):
+    server = ServerProcess(MODEL, model_cache, "--parallel", "1", "--ctx-size", "1024",
+                           models=(MODEL, "gemma-3-270m"))
+    yield server
+    server.stop()
+
+
+def test_the_model_picker_shows_states_and_switches_the_next_reply(browser, router: ServerProcess) -> None:
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(router.url + "/")
+        wait_until(page, "document.querySelectorAll('#model option').length === 2")
+        assert page.locator("#model option").all_inner_texts() == [MODEL, "gemma-3-270m (unloaded)"]
+        set_settings(page, temperature=0, max_tokens=8)
+        send(page, "Say hi.")
+        page.wait_for_selector(".message.assistant .stats")
+        page.select_option("#model", "gemma-3-270m")
+        with page.expect_request("**/v1/chat/completions") as req:
+            send(page, "And again.")
+        page.locator(".message.assistant .stats").nth(1).wait_for(timeout=120000)
+        body = json.loads(req.value.post_data)
+        assert body["model"] == "gemma-3-270m" and [m["role"] for m in body["messages"]] == [
+            "user", "assistant", "user"]  # the conversation goes on, on the other model
+        loaded = {m["id"]: m["status"]["value"] for m in router.get("/models").json()["data"]}
+        assert loaded == {MODEL: "loaded", "gemma-3-270m": "loaded"}
+        metrics = router.get("/metrics").text
+        assert 'runner_requests_total{model="gemma-3-270m"} 1' in metrics
+        wait_until(page, "document.querySelectorAll('#model option')[1].textContent === 'gemma-3-270m'")
+    finally:
+        context.close()
