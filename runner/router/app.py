@@ -35,7 +35,7 @@ def create_router_app(state: RouterState, log: Callable[[str], None] = lambda li
                 await state.pool.load(state.pool.default)
             except PoolError as exc:
                 log(f"runner: {exc.message} (the server goes on; a request for it tries again)")
-        expiry = asyncio.create_task(_expire_idle(state))
+        expiry = asyncio.create_task(_expire_idle(state, log))
         yield
         expiry.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -50,7 +50,11 @@ def create_router_app(state: RouterState, log: Callable[[str], None] = lambda li
     return Starlette(routes=routes(state), exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 
-async def _expire_idle(state: RouterState) -> None:
+async def _expire_idle(state: RouterState, log: Callable[[str], None]) -> None:
     while True:
         await asyncio.sleep(EXPIRY_INTERVAL_S)
-        await state.pool.expire()
+        try:
+            for name in await state.pool.expire():
+                log(f"runner: unloaded {name} (idle past its keep-alive)")
+        except Exception as exc:  # noqa: BLE001 - the next round tries again; the task must outlive it
+            log(f"runner: unloading idle models failed: {exc!r}")

@@ -184,12 +184,12 @@ class ModelPool:
     async def unload(self, name: str) -> bool:
         """Unload now (POST /models/unload); False if it was not loaded; PoolError while it answers requests."""
         slot = self._slots[name]
-        if slot.n_in_flight:
-            raise PoolError(409, f"'{name}' is answering {slot.n_in_flight} requests; unload it when they end "
-                                 "(or send keep_alive: 0 with the last)", "model_busy")
         if slot.loading is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(slot.loading)
+        if slot.n_in_flight:  # (asked after the load: the requests that waited for it are in flight now)
+            raise PoolError(409, f"'{name}' is answering {slot.n_in_flight} requests; unload it when they end "
+                                 "(or send keep_alive: 0 with the last)", "model_busy")
         was_loaded = slot.process is not None
         await self._unload(slot)
         return was_loaded

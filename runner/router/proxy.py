@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from runner.server.errors import ApiError
 
@@ -44,15 +45,28 @@ async def forward(client: httpx.AsyncClient, request: Request, body: bytes, mode
             await upstream.aclose()
             on_done()
         return Response(content, status_code=upstream.status_code, headers=response_headers)
-    return StreamingResponse(_relay(upstream, on_done), status_code=upstream.status_code, headers=response_headers)
+    return _RelayedStream(upstream, on_done, response_headers)
 
 
-async def _relay(upstream: httpx.Response, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
+class _RelayedStream(StreamingResponse):
+    """The model process's stream, passed on chunk by chunk; however it ends (done, the client gone
+    before or during it, the process gone), the upstream request is closed and on_done runs once."""
+
+    def __init__(self, upstream: httpx.Response, on_done: Callable[[], None], headers: dict[str, str]) -> None:
+        super().__init__(_chunks(upstream), status_code=upstream.status_code, headers=headers)
+        self._upstream, self._on_done = upstream, on_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._upstream.aclose()
+            self._on_done()
+
+
+async def _chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
     except httpx.TransportError:
         return  # the process ended mid-stream: the client sees the stream end without its final event
-    finally:
-        await upstream.aclose()
-        on_done()

@@ -265,3 +265,15 @@ def test_the_api_key_guards_the_model_endpoints(smollm2_path: Path, model_cache:
         assert server.get("/models", headers={"Authorization": "Bearer k"}).status_code == 200
     finally:
         server.stop()
+
+
+def test_a_client_that_leaves_mid_stream_releases_its_model(router: ServerProcess) -> None:
+    body = {"model": SMOL, "messages": [{"role": "user", "content": "Count from 1 to 300."}], "max_tokens": 400,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                assert listed(router)[SMOL]["requests_in_flight"] == 1
+                break  # leaving with the reply half sent
+    assert wait_for(lambda: listed(router)[SMOL]["requests_in_flight"] == 0)
+    assert wait_for(lambda: all(s["state"] == "idle" for s in router.get("/slots", params={"model": SMOL}).json()))
