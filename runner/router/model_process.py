@@ -12,11 +12,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from runner.catalog.embedded import is_frozen
 from runner.config.options import to_flags
 from runner.router.servable import ServableModel
+from runner.router.upstream import Upstream, UpstreamError
 
 READY_MARK = "runner: serving "
 ERROR_MARK = "runner: error: "
@@ -43,8 +42,7 @@ class ModelProcess:
         self._tail: deque[str] = deque(maxlen=20)
         self._reader: asyncio.Task[None] | None = None
         self.n_threads = model.options.threads
-        self.client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
-                                        base_url="http://localhost", timeout=httpx.Timeout(None, connect=10.0))
+        self.upstream = Upstream(socket_path)
 
     def command(self) -> list[str]:
         aliases = [flag for alias in self.model.ids for flag in ("--alias", alias)]
@@ -101,8 +99,12 @@ class ModelProcess:
         """The process's decode threads from its next step (the router shares the cores)."""
         if n_threads != self.n_threads and self.is_alive:
             self.n_threads = n_threads
-            with contextlib.suppress(httpx.HTTPError):  # a process that just ended has no threads to set
-                await self.client.post("/model-process/threads", json={"threads": n_threads}, timeout=10)
+            body = b'{"threads": %d}' % n_threads
+            with contextlib.suppress(UpstreamError):  # a process that just ended has no threads to set
+                response = await self.upstream.request("POST", "/model-process/threads",
+                                                       [("content-type", "application/json")], body)
+                await response.read()
+                await response.close()
 
     def terminate(self) -> None:
         """SIGTERM now, without waiting (the router is shutting down: stop() follows)."""
@@ -125,6 +127,6 @@ class ModelProcess:
         if self._reader is not None:
             with contextlib.suppress(BaseException):
                 await self._reader
-        await self.client.aclose()
+        self.upstream.close()
         with contextlib.suppress(OSError):
             self.socket_path.unlink()

@@ -17,6 +17,7 @@ from runner.router.metrics import labelled
 from runner.router.model_pool import ModelStatus, PoolError
 from runner.router.proxy import forward
 from runner.router.state import RouterState
+from runner.router.upstream import Upstream, UpstreamError
 from runner.server import anthropic_messages
 from runner.server.edge import check_key
 from runner.server.errors import ApiError, invalid
@@ -26,6 +27,7 @@ from runner.server.request_fields import check_model, parse_json
 from runner.server.routes import index_page, route_table
 
 Handler = Callable[[RouterState, Request], Awaitable[Response]]
+ASK_TIMEOUT_S = 10.0  # /slots and /metrics leave out a model process that does not answer in time
 
 
 # -- requests for a model ----------------------------------------------------------------------
@@ -40,7 +42,7 @@ async def model_request(state: RouterState, request: Request) -> Response:
         name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
         keep_alive = _keep_alive(parsed)
         process = await _acquire(state, name, keep_alive)
-        return await forward(process.client, request, body, name, lambda: state.pool.release(name))
+        return await forward(process.upstream, request, body, name, lambda: state.pool.release(name))
     except ApiError as exc:
         return anthropic_messages.error_response(exc) if anthropic else exc.response()
 
@@ -150,15 +152,15 @@ async def metrics(state: RouterState, request: Request) -> Response:
 
 async def _ask_loaded(state: RouterState, path: str, only: str | None = None) -> list[tuple[str, str]]:
     """GET path from every loaded model's process (a process that does not answer is left out)."""
-    async def ask(name: str, client) -> tuple[str, str] | None:  # type: ignore[no-untyped-def]
+    async def ask(name: str, upstream: Upstream) -> tuple[str, str] | None:
         try:
-            reply = await client.get(path, timeout=10)
-        except Exception:
+            status, body = await asyncio.wait_for(upstream.get(path), ASK_TIMEOUT_S)
+        except (UpstreamError, asyncio.TimeoutError):
             return None
-        return (name, reply.text) if reply.status_code == 200 else None
+        return (name, body.decode()) if status == 200 else None
 
     loaded = [(n, p) for n, p in state.pool.loaded() if only is None or n == only]
-    answers = await asyncio.gather(*(ask(n, p.client) for n, p in loaded))  # type: ignore[attr-defined]
+    answers = await asyncio.gather(*(ask(n, p.upstream) for n, p in loaded))  # type: ignore[attr-defined]
     return [a for a in answers if a is not None]
 
 
