@@ -54,7 +54,6 @@ async def _expire_idle(state: RouterState, log: Callable[[str], None]) -> None:
     while True:
         await asyncio.sleep(EXPIRY_INTERVAL_S)
         try:
-            for name in await state.pool.expire():
-                log(f"runner: unloaded {name} (idle past its keep-alive)")
+            await state.pool.expire()
         except Exception as exc:  # noqa: BLE001 - the next round tries again; the task must outlive it
             log(f"runner: unloading idle models failed: {exc!r}")

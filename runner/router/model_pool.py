@@ -96,7 +96,7 @@ class ModelPool:
                  plan_bytes: Callable[[ServableModel], Awaitable[int]], *, keep_alive_s: float,
                  max_models: int = 0, memory_budget_bytes: int | None = None,
                  available_bytes: Callable[[], int] | None = None, max_waiting: int = 64, n_threads: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = lambda _: None) -> None:
         self._slots = {m.name: _Slot(m, m.keep_alive_s if m.keep_alive_s is not None else keep_alive_s)
                        for m in models}
         for slot in self._slots.values():
@@ -105,7 +105,7 @@ class ModelPool:
         self.default = models[0].name if models else None
         self._spawn, self._plan_bytes = spawn, plan_bytes
         self._max_models, self._budget, self._available = max_models, memory_budget_bytes, available_bytes
-        self._max_waiting, self._clock = max_waiting, clock
+        self._max_waiting, self._clock, self._log = max_waiting, clock, log
         self._room_lock = asyncio.Lock()
         self._n_threads = n_threads  # the cores the busy models share (0: each keeps its own)
         self._sharing: set[asyncio.Task[None]] = set()
@@ -191,7 +191,7 @@ class ModelPool:
             raise PoolError(409, f"'{name}' is answering {slot.n_in_flight} requests; unload it when they end "
                                  "(or send keep_alive: 0 with the last)", "model_busy")
         was_loaded = slot.process is not None
-        await self._unload(slot)
+        await self._unload(slot, "asked to")
         return was_loaded
 
     async def expire(self) -> list[str]:
@@ -200,7 +200,7 @@ class ModelPool:
         due = [s for s in self._slots.values() if s.state is ModelState.LOADED and s.n_in_flight == 0
                and now - s.last_used_s >= s.keep_alive_s]
         for slot in due:
-            await self._unload(slot)
+            await self._unload(slot, "idle past its keep-alive")
         return [s.model.name for s in due]
 
     def terminate_all(self) -> None:
@@ -232,9 +232,10 @@ class ModelPool:
 
     # -- loading and unloading -----------------------------------------------------------------
     async def _load(self, slot: _Slot) -> None:
+        started_s = self._clock()
         try:
             if slot.process is not None:  # it died (a crash): its remains go first
-                await self._unload(slot)
+                await self._unload(slot, "its process had ended")
             try:
                 if slot.planned_bytes is None:
                     slot.planned_bytes = await self._plan_bytes(slot.model)
@@ -254,6 +255,8 @@ class ModelPool:
                 raise PoolError(500, f"'{slot.model.name}' failed to load: {exc}", "model_load_failed") from None
             slot.loaded_at = time.time()
             slot.last_used_s = self._clock()
+            self._log(f"runner: loaded {slot.model.name} in {self._clock() - started_s:.1f} s "
+                      f"({need / (1 << 20):,.0f} MiB planned)")
         finally:
             slot.loading = None
 
@@ -272,19 +275,21 @@ class ModelPool:
                             "model_busy" if room.is_transient else "insufficient_memory",
                             RETRY_AFTER_S if room.is_transient else None)
         for name in room.evict:
-            await self._unload(self._slots[name])
+            await self._unload(self._slots[name], f"to make room for {slot.model.name}")
 
     def _unload_soon(self, slot: _Slot) -> None:
         async def unload_if_still_idle() -> None:
             if slot.n_in_flight == 0 and slot.loading is None:
-                await self._unload(slot)
+                await self._unload(slot, "keep_alive 0")
 
         task = asyncio.create_task(unload_if_still_idle())
         slot.unloading.add(task)
         task.add_done_callback(slot.unloading.discard)
 
-    async def _unload(self, slot: _Slot) -> None:
+    async def _unload(self, slot: _Slot, why: str = "") -> None:
         process, slot.process = slot.process, None
         slot.n_bytes = 0
         if process is not None:
             await process.stop()
+            if why:
+                self._log(f"runner: unloaded {slot.model.name} ({why})")

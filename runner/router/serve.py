@@ -105,7 +105,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     keep_alive = parse_keep_alive(args.keep_alive)
     pool = ModelPool(models, spawn, plan_bytes, keep_alive_s=keep_alive, max_models=args.max_models,
                      memory_budget_bytes=args.max_memory, available_bytes=available_ram_bytes,
-                     max_waiting=options.max_queue, n_threads=options.threads)
+                     max_waiting=options.max_queue, n_threads=options.threads, log=log)
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
                         preload=not args.no_preload)

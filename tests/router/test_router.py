@@ -277,3 +277,12 @@ def test_a_client_that_leaves_mid_stream_releases_its_model(router: ServerProces
                 break  # leaving with the reply half sent
     assert wait_for(lambda: listed(router)[SMOL]["requests_in_flight"] == 0)
     assert wait_for(lambda: all(s["state"] == "idle" for s in router.get("/slots", params={"model": SMOL}).json()))
+
+
+def test_embeddings_name_their_model_the_same_way(router: ServerProcess, serve_smollm2) -> None:  # type: ignore[no-untyped-def]
+    body = {"model": SMOL, "input": ["a red bicycle", "the sea"]}
+    through_router = router.post("/v1/embeddings", json=body)
+    alone = serve_smollm2(*FLAGS).post("/v1/embeddings", json=body)
+    assert through_router.status_code == 200, through_router.text
+    assert [d["embedding"] for d in through_router.json()["data"]] == [d["embedding"] for d in alone.json()["data"]]
+    assert router.post("/v1/embeddings", json={**body, "model": "nope"}).status_code == 404
