@@ -25,18 +25,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from common import model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
-from vs_llama_server import ALIAS, Shape, bodies, free_port, ours_command, serve  # noqa: E402
+from vs_llama_server import ALIAS, Shape, bodies, free_port, ours_command, serve, stop  # noqa: E402
 
 from runner.config.options import physical_cores  # noqa: E402
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def router_command(models: list[str], shape: Shape, port: int, *extra: str) -> list[str]:

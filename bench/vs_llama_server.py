@@ -89,6 +89,15 @@ def serve(command: list[str], port: int) -> subprocess.Popen:
     raise RuntimeError(f"{command[0]} did not come up in 120 s")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False,
            prompts: list[str] = PROMPTS) -> list[list[dict]]:
     """Each client's requests; every prompt differs from every other in the run (while there are
@@ -108,12 +117,7 @@ def measure(command: list[str], port: int, concurrency: int, rounds: int, max_to
         run_clients(url, bodies(concurrency, 1, 8, warm_up=True))  # page the weights in, build the graphs
         load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     if load.n_tokens != concurrency * rounds * max_tokens:
         raise RuntimeError(f"{command[0]} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
     return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens)

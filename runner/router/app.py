@@ -9,19 +9,13 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 
 from runner.router.model_pool import PoolError
 from runner.router.routes import routes
 from runner.router.state import RouterState
-from runner.server.app import api_error, http_error, server_error
-from runner.server.errors import ApiError
-from runner.server.guards import RequestGuard
+from runner.server.app import assembled
 
 EXPIRY_INTERVAL_S = 1.0
 
@@ -42,12 +36,7 @@ def create_router_app(state: RouterState, log: Callable[[str], None] = lambda li
             await expiry
         await state.pool.close()
 
-    handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
-    middleware = [Middleware(RequestGuard, hosts=state.hosts, cors_origins=state.cors_origins)]
-    if state.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(state.cors_origins), allow_methods=["*"],
-                                     allow_headers=["*"], max_age=600))
-    return Starlette(routes=routes(state), exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
+    return assembled(routes(state), lifespan, state.hosts, state.cors_origins)
 
 
 async def _expire_idle(state: RouterState, log: Callable[[str], None]) -> None:

@@ -24,6 +24,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.guards import check_json_content_type, read_body
 from runner.server.openapi import openapi_document
 from runner.server.request_fields import check_model, parse_json
+from runner.server import routes as server_routes
 from runner.server.routes import index_page, route_table
 
 Handler = Callable[[RouterState, Request], Awaitable[Response]]
@@ -174,8 +175,7 @@ async def index(state: RouterState, request: Request) -> Response:
 
 
 # -- the table ---------------------------------------------------------------------------------
-MODEL_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
-               "/v1/messages/count_tokens"]
+MODEL_PATHS = [path for method, path, _ in server_routes.ROUTES if method == "POST"]  # what a model's server answers
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/", index),
     *(("POST", path, model_request) for path in MODEL_PATHS),

@@ -14,9 +14,11 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
+from starlette.types import Lifespan
 
 from runner.server.errors import ApiError
-from runner.server.guards import RequestGuard
+from runner.server.guards import HostPolicy, RequestGuard
 from runner.server.routes import routes
 from runner.server.state import ServerState
 
@@ -30,12 +32,17 @@ def create_app(state: ServerState) -> Starlette:
         # NOTE: here, not after uvicorn returns: on SIGTERM uvicorn re-raises the signal once it has shut down
         state.close()
 
+    return assembled(routes(state), lifespan, state.hosts, state.cors_origins)
+
+
+def assembled(table: list[BaseRoute], lifespan: Lifespan, hosts: HostPolicy, cors_origins: frozenset[str]) -> Starlette:
+    """A server's routes behind the guards (Host, Origin; CORS where allowed), with the error envelopes."""
     handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
-    middleware = [Middleware(RequestGuard, hosts=state.hosts, cors_origins=state.cors_origins)]
-    if state.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(state.cors_origins), allow_methods=["*"],
+    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins)]
+    if cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(cors_origins), allow_methods=["*"],
                                      allow_headers=["*"], max_age=600))
-    return Starlette(routes=routes(state), exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
+    return Starlette(routes=table, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 
 async def api_error(request: Request, exc: Exception) -> Response:
