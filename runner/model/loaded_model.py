@@ -83,7 +83,7 @@ class LoadedModel:
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
             self.facts = ModelFacts(self.model, self.template, self.options.ctx_size, self.options.parallel,
-                                    self.options.max_tokens)
+                                    self.options.max_tokens, self.info, self.memory_plan.total_bytes)
         except BaseException:
             self.model.close()
             raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from runner.prompt.chat_template import ChatTemplate
 from runner.prompt.tools import HERMES, syntax_of
+from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.llama import Model
 from runner.scheduler.scheduler import PromptTooLongError, check_prompt_length
 
@@ -19,8 +20,10 @@ class TokenIdError(ValueError):
 
 class ModelFacts:
     def __init__(self, model: Model, template: ChatTemplate, ctx_size: int, n_slots: int,
-                 default_max_tokens: int) -> None:
+                 default_max_tokens: int, gguf: GgufInfo | None = None, memory_bytes: int = 0) -> None:
         self._model = model
+        self.gguf = gguf  # the file's header (what Ollama's API describes a model by)
+        self.memory_bytes = memory_bytes  # its memory plan's total
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self.ctx_size = ctx_size  # tokens per slot

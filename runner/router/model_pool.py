@@ -132,6 +132,9 @@ class ModelPool:
             return slot.keep_alive_s
         return max(0.0, slot.last_used_s + slot.keep_alive_s - now)
 
+    def is_loaded(self, name: str) -> bool:
+        return self._slots[name].state is ModelState.LOADED
+
     def loaded(self) -> list[tuple[str, Process]]:
         return [(name, s.process) for name, s in self._slots.items()
                 if s.process is not None and s.state is ModelState.LOADED]

@@ -12,13 +12,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from runner.core.errors import OptionError
+from runner.router import ollama
 from runner.router.keep_alive import parse_keep_alive
 from runner.router.metrics import labelled
 from runner.router.model_pool import ModelStatus, PoolError
 from runner.router.proxy import forward
 from runner.router.state import RouterState
 from runner.router.upstream import Upstream, UpstreamError
-from runner.server import anthropic_messages
+from runner.server import anthropic_messages, ollama_api
 from runner.server.edge import check_key
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import check_json_content_type, read_body
@@ -34,18 +35,28 @@ ASK_TIMEOUT_S = 10.0  # /slots and /metrics leave out a model process that does 
 # -- requests for a model ----------------------------------------------------------------------
 async def model_request(state: RouterState, request: Request) -> Response:
     """Any API request: checked here, run by the process of the model it names."""
-    anthropic = request.url.path.startswith("/v1/messages")
+    path = request.url.path
+    anthropic, ollama = path.startswith("/v1/messages"), path.startswith("/api/")
     try:
         check_key(state.api_key, request, anthropic_messages.api_key(request) if anthropic else None)
-        check_json_content_type(request)
+        if not ollama:  # (Ollama's clients send none; the Origin guard covers what the check is for)
+            check_json_content_type(request)
         body = await read_body(request, state.max_body_bytes)
         parsed = parse_json(body)
         name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
         keep_alive = _keep_alive(parsed)
+        if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed) and not state.pool.is_loaded(name):
+            return JSONResponse(ollama_api.loaded_reply(name, True, path == "/api/chat"))  # nothing to unload
         process = await _acquire(state, name, keep_alive)
         return await forward(process.upstream, request, body, name, lambda: state.pool.release(name))
     except ApiError as exc:
+        if ollama:
+            return ollama_api.error_response(exc)
         return anthropic_messages.error_response(exc) if anthropic else exc.response()
+
+
+def _is_empty_ollama_request(body: dict) -> bool:
+    return not body.get("messages") and not body.get("prompt")
 
 
 def _served_name(state: RouterState, requested: object) -> str:
@@ -175,7 +186,9 @@ async def index(state: RouterState, request: Request) -> Response:
 
 
 # -- the table ---------------------------------------------------------------------------------
-MODEL_PATHS = [path for method, path, _ in server_routes.ROUTES if method == "POST"]  # what a model's server answers
+# what a model's process answers: its server's POST routes, less those the router answers itself
+MODEL_PATHS = [path for method, path, _ in server_routes.ROUTES
+               if method == "POST" and path not in {p for _, p, _ in ollama.ROUTES}]
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/", index),
     *(("POST", path, model_request) for path in MODEL_PATHS),
@@ -187,6 +200,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/openapi.json", openapi),
     ("GET", "/slots", slots),
     ("GET", "/metrics", metrics),
+    *ollama.ROUTES,
 ]
 
 

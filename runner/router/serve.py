@@ -19,9 +19,9 @@ from runner.core.errors import OptionError, RunnerError
 from runner.router.keep_alive import describe, parse_keep_alive
 from runner.router.model_process import ModelProcess
 from runner.router.servable import ServableModel, name_of, read_models_config, servable_models
-from runner.runtime.gguf_file import read_gguf
+from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes
-from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, serve_flags_for_models
+from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, run_listening, serve_flags_for_models
 
 DEFAULT_KEEP_ALIVE = "30m"
 
@@ -108,7 +108,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
                      max_waiting=options.max_queue, n_threads=options.threads, log=log)
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
-                        preload=not args.no_preload)
+                        preload=not args.no_preload, describe=header_reader(store))
     log(f"runner: {len(models)} models servable (first: {models[0].name}); idle models unload after "
         f"{describe(keep_alive)}")
     config_ = uvicorn.Config(create_router_app(state, log), host=args.host, port=args.port, log_level="warning",
@@ -116,7 +116,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     server = CancellingServer(config_, on_exit=pool.terminate_all)
     print_ready(server, f"{len(models)} models", "", on_ready)
     try:
-        server.run()
+        run_listening(server, config_, args.ollama_port)
     finally:
         sockets.rmdir() if sockets.exists() and not any(sockets.iterdir()) else None
     return 0
@@ -124,6 +124,23 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
+def header_reader(store: ModelStore) -> Callable[[ServableModel], GgufInfo | None]:
+    """A servable model's GGUF header without loading it (None: not in the cache), read once per file."""
+    read: dict[tuple[Path, int], GgufInfo] = {}
+
+    def describe(model: ServableModel) -> GgufInfo | None:
+        try:
+            path = store.resolve(model.source, pull_missing=False)[0]
+            key = (path, path.stat().st_mtime_ns)
+            if key not in read:
+                read[key] = read_gguf(path)
+            return read[key]
+        except (RunnerError, OSError):
+            return None
+
+    return describe
 
 
 def memory_plan_bytes(model: ServableModel, store: ModelStore) -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runner.router.model_pool import ModelPool
+from runner.router.servable import ServableModel
+from runner.runtime.gguf_file import GgufInfo
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES, HostPolicy
 
 
@@ -20,3 +23,5 @@ class RouterState:
     slot_context: int = 0  # the default model's context per slot (/health, for `runner launch`)
     preload: bool = True  # load the default model at start
     created: int = field(default_factory=lambda: int(time.time()))
+    # a servable model's GGUF header, read without loading it (None: its file is not here)
+    describe: Callable[[ServableModel], GgufInfo | None] = lambda model: None

@@ -5,8 +5,11 @@ Responses, Messages); text completions share its parts."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
+
+import numpy as np
 
 from starlette.concurrency import run_in_threadpool
 
@@ -19,6 +22,7 @@ from runner.model.request_builder import (
 )
 from runner.prompt.chat_template import TemplateError, TemplateLimitError
 from runner.prompt.tools import TRIGGERS, ToolReading, call_grammar
+from runner.runtime.embeddings import InputTooLongError
 from runner.sampling.constraints import (
     JSON_LAYOUT,
     AnyConstraint,
@@ -211,3 +215,20 @@ def _generation_request(
     return generation_request(new_request_id(prefix), prompt_ids, common.sampling, max_tokens,
                               common.stop + extra_stop, constraint, common.n_top_logprobs, common.ignore_eos,
                               prompt_logprobs, common.beam)
+
+
+async def embedding_ids(state: ServerState, texts: list[str], param: str = "input") -> list[list[int]]:
+    """Texts tokenized for embedding (each refused first if it cannot fit a slot)."""
+    for text in texts:
+        check_fits(state, len(text), param)
+    return await run_in_threadpool(lambda: [state.loaded.embedding_ids(t) for t in texts])
+
+
+async def embed(state: ServerState, ids: list[list[int]], param: str = "input") -> list[np.ndarray]:
+    """One vector per input, from the embedding thread (beside the engine's step loop)."""
+    thread = await run_in_threadpool(state.embedding_thread)
+    try:
+        future = thread.submit(ids)
+    except InputTooLongError as exc:
+        raise invalid(str(exc), param, "context_length_exceeded") from None
+    return await asyncio.wrap_future(future)

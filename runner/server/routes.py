@@ -3,7 +3,6 @@ to the chat pipeline, picks the dialect's reply builder and lets streaming.run a
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 from collections.abc import Awaitable, Callable
@@ -17,13 +16,13 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from runner.runtime.embeddings import InputTooLongError
-from runner.server import anthropic_messages, openai_responses
+from runner.server import anthropic_messages, ollama_routes, openai_responses
 from runner.server.chat_pipeline import (
     chat_request,
-    check_fits,
     completion_request,
     count_chat_tokens,
+    embed,
+    embedding_ids,
     reasoning_splitter,
 )
 from runner.server.edge import api_body, check_auth
@@ -120,19 +119,12 @@ async def embeddings(state: ServerState, request: Request) -> Response:
         raise invalid(f"'dimensions' must be this model's own, {facts.n_embd} (vectors are not "
                       "shortened here)", "dimensions")
     if isinstance(params.inputs[0], str):
-        for text in params.inputs:
-            check_fits(state, len(text), "input")
-        ids = await run_in_threadpool(lambda: [state.loaded.embedding_ids(t) for t in params.inputs])
+        ids = await embedding_ids(state, params.inputs)
     else:
         ids = [list(x) for x in params.inputs]
         if any(t >= facts.n_vocab for x in ids for t in x):
             raise invalid(f"token ids must be in [0, {facts.n_vocab})", "input")
-    thread = await run_in_threadpool(state.embedding_thread)
-    try:
-        future = thread.submit(ids)
-    except InputTooLongError as exc:
-        raise invalid(str(exc), "input", "context_length_exceeded") from None
-    vectors = await asyncio.wrap_future(future)
+    vectors = await embed(state, ids)
     data = [{"object": "embedding", "index": i,
              "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode() if params.encoding_format == "base64"
                            else v.tolist())} for i, v in enumerate(vectors)]
@@ -208,6 +200,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/openapi.json", openapi),
     ("GET", "/slots", slots),
     ("GET", "/metrics", metrics),
+    *ollama_routes.ROUTES,
 ]
 
 

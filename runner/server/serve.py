@@ -8,10 +8,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from runner.config.options import EngineOptions, add_flags, from_args
 from runner.core.errors import RunnerError
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES, HostPolicy
 from runner.server.reasoning import FORMATS
+
+if TYPE_CHECKING:
+    import uvicorn
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
@@ -48,6 +53,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
                         "and last token at once; 0: every token as it is sampled, which costs the engine a "
                         f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
+    p.add_argument("--ollama-port", type=int, default=None, metavar="PORT",
+                   help="also listen on this port (11434: Ollama's), for apps that cannot be told another")
     p.add_argument("--uds", default=None, metavar="PATH", help=argparse.SUPPRESS)  # a model process's socket
     p.add_argument("--model-process", action="store_true", help=argparse.SUPPRESS)  # started by a router
     add_flags(p, EngineOptions)
@@ -126,10 +133,26 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     if args.model_process:
         _exit_with_parent()
     try:
-        server.run()
+        run_listening(server, config, args.ollama_port)
     finally:
         state.close()
     return 0
+
+
+def run_listening(server: uvicorn.Server, config: uvicorn.Config, extra_port: int | None) -> None:
+    """Serve on the configured address, and on extra_port too when given (the same app)."""
+    import uvicorn
+
+    if extra_port is None or config.uds:
+        server.run()
+        return
+    extra = uvicorn.Config(config.app, host=config.host, port=extra_port, log_level="warning", access_log=False)
+    try:
+        sockets = [config.bind_socket(), extra.bind_socket()]
+    except SystemExit:  # uvicorn's way to say the address is taken
+        raise RunnerError(f"cannot listen on {config.host}:{config.port} and {config.host}:{extra_port}: "
+                          "an address is in use") from None
+    server.run(sockets=sockets)
 
 
 def _exit_with_parent() -> None:

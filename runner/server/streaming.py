@@ -32,9 +32,10 @@ class ReplyBuilder(Protocol):
 
 
 async def run(state: ServerState, request: Request, gens: list[GenerationRequest], builder: ReplyBuilder,
-              stream: bool, include_usage: bool = False, headers: dict[str, str] | None = None) -> Response:
-    """Submit the request's generations (one per choice) and answer: a stream, or the whole reply
-    (with these headers either way)."""
+              stream: bool, include_usage: bool = False, headers: dict[str, str] | None = None,
+              media_type: str = "text/event-stream") -> Response:
+    """Submit the request's generations (one per choice) and answer: a stream (server-sent events,
+    or the dialect's own media type), or the whole reply (with these headers either way)."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     sink = state.event_pump().sink_for(events)
     try:
@@ -47,7 +48,7 @@ async def run(state: ServerState, request: Request, gens: list[GenerationRequest
     ids = [gen.request_id for gen in gens]
     if stream:
         return StreamingResponse(_stream(state, ids, events, builder, include_usage),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})})
+                                 media_type=media_type, headers={"Cache-Control": "no-cache", **(headers or {})})
     return await _collect(state, request, ids, events, builder, headers or {})
 
 

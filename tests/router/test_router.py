@@ -286,3 +286,26 @@ def test_embeddings_name_their_model_the_same_way(router: ServerProcess, serve_s
     assert through_router.status_code == 200, through_router.text
     assert [d["embedding"] for d in through_router.json()["data"]] == [d["embedding"] for d in alone.json()["data"]]
     assert router.post("/v1/embeddings", json={**body, "model": "nope"}).status_code == 404
+
+
+def test_ollamas_api_through_the_router_lists_shows_loads_and_unloads(router: ServerProcess) -> None:
+    import ollama
+
+    unload(router, GEMMA)
+    with ollama.Client(host=router.url) as client:
+        assert [m.model for m in client.list().models] == [SMOL, GEMMA]
+        shown = client.show(GEMMA)  # from the file's header: nothing loads
+        assert shown.details.family == "gemma3" and listed(router)[GEMMA]["status"]["value"] == "unloaded"
+        assert client.generate(model=GEMMA, prompt="").done_reason == "load"
+        assert GEMMA in [m.model for m in client.ps().models]
+        reply = client.chat(model=GEMMA, messages=[{"role": "user", "content": "Hi"}],
+                            options={"temperature": 0, "num_predict": 4})
+        assert reply.message.content == reply_text(chat(router, GEMMA, "Hi", max_tokens=4))
+        assert client.generate(model=GEMMA, prompt="", keep_alive=0).done_reason == "unload"
+        assert wait_for(lambda: listed(router)[GEMMA]["status"]["value"] == "unloaded")
+        loads = listed(router)[GEMMA]["loads"]
+        assert client.generate(model=GEMMA, prompt="", keep_alive=0).done_reason == "unload"  # not loaded to unload
+        assert listed(router)[GEMMA]["loads"] == loads
+        with pytest.raises(ollama.ResponseError) as missing:
+            client.chat(model="nope", messages=[{"role": "user", "content": "Hi"}])
+        assert missing.value.status_code == 404 and missing.value.error.startswith("The model 'nope' does not exist")

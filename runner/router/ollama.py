@@ -1,0 +1,81 @@
+"""Ollama's model routes on a router: every servable model whose file is here (/api/tags), one
+described without loading it (/api/show), the loaded ones (/api/ps). Chat, generate and embed go
+to the model's process like every API request (router/routes.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runner.router.model_pool import ModelState
+from runner.router.state import RouterState
+from runner.server import ollama_api, ollama_models
+from runner.server.edge import check_key
+from runner.server.errors import ApiError
+from runner.server.guards import read_body
+from runner.server.request_fields import check_model, parse_json
+
+Handler = Callable[[RouterState, Request], Awaitable[Response]]
+
+
+def _ollama_errors(handler: Handler) -> Handler:
+    async def answer(state: RouterState, request: Request) -> Response:
+        try:
+            return await handler(state, request)
+        except ApiError as exc:
+            return ollama_api.error_response(exc)
+
+    answer.__name__ = handler.__name__
+    return answer
+
+
+async def version(state: RouterState, request: Request) -> Response:
+    return JSONResponse({"version": ollama_models.OLLAMA_VERSION})
+
+
+@_ollama_errors
+async def tags(state: RouterState, request: Request) -> Response:
+    check_key(state.api_key, request)
+    listed = []
+    for status in state.pool.statuses():
+        info = state.describe(status.model)
+        if info is not None:  # (a catalog model not pulled yet is not listed, as Ollama lists what is local)
+            listed += [ollama_models.tag(model_id, info) for model_id in status.model.ids]
+    return JSONResponse({"models": listed})
+
+
+@_ollama_errors
+async def ps(state: RouterState, request: Request) -> Response:
+    check_key(state.api_key, request)
+    running = []
+    for s in state.pool.statuses():
+        info = state.describe(s.model) if s.state is ModelState.LOADED else None
+        if info is not None:
+            expires_at = None if s.expires_in_s is None else time.time() + s.expires_in_s
+            running.append(ollama_models.running(s.model.name, info, s.n_bytes, expires_at))
+    return JSONResponse({"models": running})
+
+
+@_ollama_errors
+async def show(state: RouterState, request: Request) -> Response:
+    check_key(state.api_key, request)
+    body = parse_json(await read_body(request, state.max_body_bytes))
+    requested = body.get("model") if isinstance(body, dict) else None
+    check_model(requested if isinstance(requested, str) else None, state.pool.ids())
+    name = state.pool.name_of(str(requested))
+    model = next(s.model for s in state.pool.statuses() if s.model.name == name)
+    info = state.describe(model)
+    if info is None:
+        raise ApiError(404, f"model '{requested}' is not pulled yet: a first request for it pulls it", code="not_found")
+    return JSONResponse(ollama_models.show(info))
+
+
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/api/version", version),
+    ("GET", "/api/tags", tags),
+    ("GET", "/api/ps", ps),
+    ("POST", "/api/show", show),
+]

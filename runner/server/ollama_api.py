@@ -1,0 +1,294 @@
+"""Ollama's API (/api/chat, /api/generate): its requests read into the same internal requests as
+every dialect's, its replies written back as Ollama's NDJSON objects (streamed by default)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from runner.prompt.chat_template import Message
+from runner.prompt.tools import Tool, ToolCall, ToolReading, new_call_id
+from runner.sampling.constraints import GrammarSpec
+from runner.sampling.params import SamplingParams
+from runner.scheduler.request import FinishReason, StreamEvent, Usage
+from runner.server import request_fields
+from runner.server.errors import ApiError, invalid
+from runner.server.params import ChatParams, CommonParams, CompletionParams
+from runner.server.reasoning import ReasoningSplitter
+from runner.server.replies import read_reply
+
+NDJSON = "application/x-ndjson"
+_DEFAULTS = SamplingParams()
+_INT_OPTIONS = {"repeat_last_n": 0, "seed": None}  # besides the shared sampling fields (their lower bounds)
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """Ollama's envelope: {"error": "..."} with the status."""
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# -- requests ----------------------------------------------------------------------------------
+def parse_chat(body: dict[str, Any], ctx_size: int) -> ChatParams:
+    """/api/chat's body; an empty messages list is a load (or, with keep_alive 0, unload) request."""
+    messages = body.get("messages") or []
+    if not isinstance(messages, list):
+        raise invalid("messages must be a list", "messages")
+    turns = request_fields.system_first([_turn(i, m) for i, m in enumerate(messages)])
+    tools = _tools(body.get("tools"))
+    show_thinking, budget = _think(body.get("think"))
+    return ChatParams(common=_common(body, ctx_size), messages=turns, tools=tools,
+                      tool_choice=_tool_choice(body.get("tool_choice"), tools),
+                      show_thinking=show_thinking, thinking_budget=budget)
+
+
+def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
+    """An extension (Ollama has none: the model decides): OpenAI's auto, none, required or
+    {"function": {"name": ...}}, for a model that would not call a tool on its own."""
+    choice = value
+    if isinstance(value, dict):
+        function = value.get("function")
+        choice = function.get("name") if isinstance(function, dict) else None
+    return request_fields.checked_tool_choice(choice, value, tools)
+
+
+def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | CompletionParams:
+    """/api/generate's body: the prompt as a user turn (with its system), or as-is with raw."""
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise invalid("prompt must be a string", "prompt")
+    for unsupported in ("suffix", "template", "context"):
+        if body.get(unsupported):
+            raise invalid(f"'{unsupported}' is not supported here (the model's own template is used; send a "
+                          "conversation with /api/chat)", unsupported)
+    _no_images(body.get("images"), "images")
+    common = _common(body, ctx_size)
+    if body.get("raw"):
+        return CompletionParams(common=common, prompt=prompt)
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        raise invalid("system must be a string", "system")
+    turns = ([Message("system", system)] if system else []) + ([Message("user", prompt)] if prompt else [])
+    show_thinking, budget = _think(body.get("think"))
+    return ChatParams(common=common, messages=turns, show_thinking=show_thinking, thinking_budget=budget)
+
+
+def is_empty(params: ChatParams | CompletionParams) -> bool:
+    """Nothing to generate: Ollama's way to load a model (or unload it, with keep_alive 0)."""
+    return not params.prompt if isinstance(params, CompletionParams) else not params.messages
+
+
+def _turn(index: int, message: Any) -> Message:
+    where = f"messages.{index}"
+    if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
+        raise invalid(f"{where}: role must be system, user, assistant or tool", where)
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise invalid(f"{where}.content must be a string", where)
+    _no_images(message.get("images"), f"{where}.images")
+    calls = tuple(_call(f"{where}.tool_calls.{j}", c) for j, c in enumerate(message.get("tool_calls") or []))
+    tool_name = message.get("tool_name")
+    return Message(message["role"], content, calls, tool_call_id=tool_name if isinstance(tool_name, str) else None)
+
+
+def _call(where: str, call: Any) -> ToolCall:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise invalid(f"{where}: a tool call is {{\"function\": {{\"name\", \"arguments\"}}}}", where)
+    arguments = function.get("arguments", {})
+    return ToolCall(new_call_id(), function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+def _no_images(images: Any, where: str) -> None:
+    if images:
+        raise invalid(f"{where}: this model does not take images", where)
+
+
+def _tools(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid("tools must be a list", "tools")
+    tools = []
+    for i, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            raise invalid(f"tools.{i} must be {{\"type\": \"function\", \"function\": {{...}}}}", f"tools.{i}")
+        tools.append(request_fields.function_tool(function.get("name"), function.get("description"),
+                                                  function.get("parameters"), f"tools.{i}"))
+    return request_fields.distinct_tools(tools)
+
+
+def _think(value: Any) -> tuple[bool, int | None]:
+    """think: true (or an effort, as gpt-oss takes) shows the thinking; false: the model does not think."""
+    if value is None:
+        return False, None
+    if value is False:
+        return False, 0
+    if value is True or value in ("low", "medium", "high"):
+        return True, None
+    raise invalid(f"think must be true, false, low, medium or high, got {json.dumps(value)}", "think")
+
+
+def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise invalid("options must be an object", "options")
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise invalid("stream must be a boolean", "stream")
+    num_ctx = request_fields.Field("num_ctx", "integer", "", 1).read(options)
+    if num_ctx is not None and num_ctx > ctx_size:
+        raise invalid(f"num_ctx {num_ctx} is more than a slot holds here ({ctx_size} tokens): start the server with "
+                      f"--ctx-size {num_ctx}", "num_ctx")
+    num_predict = request_fields.Field("num_predict", "integer", "").read(options)
+    stop = options.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise invalid("options.stop must be a list of strings", "stop")
+    return CommonParams(model=request_fields.MODEL.read(body), sampling=_sampling(options),
+                        max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
+                        stop=tuple(s for s in stop if s), stream=stream, grammar=_format(body.get("format")))
+
+
+def _sampling(options: dict[str, Any]) -> SamplingParams:
+    values = {name: field.read(options, getattr(_DEFAULTS, name)) for name, field in request_fields.SAMPLING.items()}
+    for name, lo in _INT_OPTIONS.items():
+        values[name] = request_fields.Field(name, "integer", "", lo).read(options, getattr(_DEFAULTS, name))
+    return SamplingParams(**values)
+
+
+def _format(value: Any) -> GrammarSpec | None:
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return GrammarSpec("json_object", "", "format")
+    if isinstance(value, dict):
+        return GrammarSpec("json_schema", json.dumps(value), "format")
+    raise invalid("format must be \"json\" or a JSON schema", "format")
+
+
+# -- replies -----------------------------------------------------------------------------------
+def _done_reason(reason: FinishReason | None, has_calls: bool) -> str:
+    return "length" if reason is FinishReason.LENGTH and not has_calls else "stop"
+
+
+class _Timing:
+    """Ollama's durations, in nanoseconds: the prompt until the first token, the rest after it."""
+
+    def __init__(self) -> None:
+        self.started_ns = time.monotonic_ns()
+        self.first_ns: int | None = None
+        self.ended_ns: int | None = None
+
+    def saw(self, event: StreamEvent) -> None:
+        now = time.monotonic_ns()
+        if self.first_ns is None:
+            self.first_ns = now
+        if event.is_final:
+            self.ended_ns = now
+
+    def stats(self, n_prompt: int, usage: Usage | None) -> dict[str, Any]:
+        ended = self.ended_ns or time.monotonic_ns()
+        first = self.first_ns or ended
+        return {"total_duration": max(1, ended - self.started_ns), "load_duration": 0,
+                "prompt_eval_count": n_prompt - (usage.cached_tokens if usage else 0),
+                "prompt_eval_duration": max(1, first - self.started_ns),
+                "eval_count": usage.completion_tokens if usage else 0, "eval_duration": max(1, ended - first)}
+
+
+class OllamaBuilder:
+    """One /api/chat or /api/generate reply: NDJSON objects as the text comes, then the final one
+    with done, done_reason and the durations; or that final object whole."""
+
+    def __init__(self, model: str, n_prompt: int, is_chat: bool, reasoning: ReasoningSplitter | None = None,
+                 tools: ToolReading | None = None, show_thinking: bool = False) -> None:
+        self.model, self.n_prompt, self.is_chat = model, n_prompt, is_chat
+        self.reasoning, self.tools, self.show_thinking = reasoning, tools, show_thinking
+        self.timing = _Timing()
+        self.text_parts: list[str] = []
+        self.finish_reason: FinishReason | None = None
+        self.usage: Usage | None = None
+
+    def add(self, event: StreamEvent) -> None:
+        self.timing.saw(event)
+        self.text_parts.append(event.text)
+        if event.is_final:
+            self.finish_reason, self.usage = event.finish_reason, event.usage
+
+    def _object(self, content: str, thinking: str = "", calls: tuple[ToolCall, ...] | list[ToolCall] = (),
+                done: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
+        if self.is_chat:
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}}
+                                         for c in calls]
+            out["message"] = message
+        else:
+            out["response"] = content
+            if thinking:
+                out["thinking"] = thinking
+        out["done"] = done
+        if done:
+            out["done_reason"] = _done_reason(self.finish_reason, bool(calls))
+            out.update(self.timing.stats(self.n_prompt, self.usage))
+        return out
+
+    def whole(self) -> dict[str, Any]:
+        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+        return self._object(reply.content, reply.reasoning if self.show_thinking else "", reply.calls, done=True)
+
+    # -- the stream ---------------------------------------------------------------------------
+    def stream_start(self) -> str:
+        return ""
+
+    def chunk_sse(self, event: StreamEvent) -> str | None:
+        """The text as it comes (thinking apart); with tools, the whole message once it has ended."""
+        self.add(event)
+        if self.tools is not None:
+            if not event.is_final:
+                return None
+            reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+            self._calls = reply.calls
+            return _line(self._object(reply.content, reply.reasoning if self.show_thinking else "", reply.calls))
+        thinking, content = self.reasoning.push(event.text) if self.reasoning is not None else ("", event.text)
+        if event.is_final and self.reasoning is not None:
+            more_thinking, more_content = self.reasoning.flush()
+            thinking, content = thinking + more_thinking, content + more_content
+        if not self.show_thinking:
+            thinking = ""
+        return _line(self._object(content, thinking)) if content or thinking else None
+
+    def stream_error(self, message: str) -> str:
+        return _line({"error": message})
+
+    def stream_end(self, include_usage: bool) -> str:
+        final = self._object("", done=True)
+        if getattr(self, "_calls", None):
+            final["done_reason"] = "stop"
+        return _line(final)
+
+
+def _line(data: dict[str, Any]) -> str:
+    return json.dumps(data, ensure_ascii=False) + "\n"
+
+
+def loaded_reply(model: str, unloading: bool, is_chat: bool) -> dict[str, Any]:
+    """The answer to an empty request: the model is loaded (or, with keep_alive 0, unloads)."""
+    out: dict[str, Any] = {"model": model, "created_at": now_iso()}
+    if is_chat:
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    return {**out, "done": True, "done_reason": "unload" if unloading else "load"}

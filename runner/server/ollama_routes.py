@@ -1,0 +1,132 @@
+"""Ollama's routes on a model's server: chat and generate through the one chat pipeline, embed,
+and the model as Ollama describes it. Every error in Ollama's envelope."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from runner.server import ollama_api, ollama_models
+from runner.server.chat_pipeline import chat_request, completion_request, embed, embedding_ids, reasoning_splitter
+from runner.server.edge import api_body, check_auth
+from runner.server.errors import ApiError, invalid
+from runner.server.params import ChatParams
+from runner.server.request_fields import check_model
+from runner.server.state import ServerState
+from runner.server.streaming import run
+
+Handler = Callable[[ServerState, Request], Awaitable[Response]]
+
+
+def _ollama_errors(handler: Handler) -> Handler:
+    async def answer(state: ServerState, request: Request) -> Response:
+        try:
+            return await handler(state, request)
+        except ApiError as exc:
+            return ollama_api.error_response(exc)
+
+    answer.__name__ = handler.__name__
+    return answer
+
+
+@_ollama_errors
+async def chat(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request, any_content_type=True)
+    params = ollama_api.parse_chat(body, state.facts.ctx_size)
+    check_model(params.common.model, state.model_ids)
+    return await _generate(state, request, params, body, is_chat=True)
+
+
+@_ollama_errors
+async def generate(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request, any_content_type=True)
+    params = ollama_api.parse_generate(body, state.facts.ctx_size)
+    check_model(params.common.model, state.model_ids)
+    return await _generate(state, request, params, body, is_chat=False)
+
+
+async def _generate(state: ServerState, request: Request, params: Any, body: dict[str, Any], is_chat: bool
+                    ) -> Response:
+    model = params.common.model or state.served_name
+    if ollama_api.is_empty(params):  # a load or an unload: this process is loaded while it answers
+        return JSONResponse(ollama_api.loaded_reply(model, body.get("keep_alive") in (0, "0"), is_chat))
+    if isinstance(params, ChatParams):
+        prepared = await chat_request(state, params, "ollama")
+        builder = ollama_api.OllamaBuilder(model, len(prepared.gen.prompt_ids), is_chat,
+                                           reasoning_splitter(state, prepared.gen.prompt_ids), prepared.reading,
+                                           params.show_thinking)
+        gens = prepared.gens
+    else:
+        completion = await completion_request(state, params)
+        gens = completion.gens
+        builder = ollama_api.OllamaBuilder(model, len(gens[0].prompt_ids), is_chat)
+    return await run(state, request, gens, builder, params.common.stream, media_type=ollama_api.NDJSON)
+
+
+@_ollama_errors
+async def embed_route(state: ServerState, request: Request) -> Response:
+    """/api/embed: {model, input: text or texts} -> {embeddings}; /api/embeddings (older): {prompt} -> {embedding}."""
+    started_ns = time.monotonic_ns()
+    body = await api_body(state, request, any_content_type=True)
+    check_model(request_model(body), state.model_ids)
+    older = request.url.path == "/api/embeddings"
+    key = "prompt" if older else "input"
+    texts = body.get(key)
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise invalid(f"{key} must be a string or a non-empty list of strings", key)
+    ids = await embedding_ids(state, texts, key)
+    vectors = [v.tolist() for v in await embed(state, ids, key)]
+    if older:
+        return JSONResponse({"embedding": vectors[0]})
+    return JSONResponse({"model": body.get("model"), "embeddings": vectors,
+                         "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
+                         "prompt_eval_count": sum(len(x) for x in ids)})
+
+
+def request_model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid("model must be a string", "model")
+    return model
+
+
+# -- the model, as Ollama describes it -----------------------------------------------------------
+async def version(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"version": ollama_models.OLLAMA_VERSION})
+
+
+@_ollama_errors
+async def tags(state: ServerState, request: Request) -> Response:
+    check_auth(state, request)
+    return JSONResponse({"models": [ollama_models.tag(name, state.facts.gguf) for name in state.model_ids]})
+
+
+@_ollama_errors
+async def ps(state: ServerState, request: Request) -> Response:
+    check_auth(state, request)
+    return JSONResponse({"models": [ollama_models.running(state.served_name, state.facts.gguf,
+                                                          state.facts.memory_bytes, None)]})
+
+
+@_ollama_errors
+async def show(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request, any_content_type=True)
+    check_model(request_model(body), state.model_ids)
+    return JSONResponse(ollama_models.show(state.facts.gguf))
+
+
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("POST", "/api/chat", chat),
+    ("POST", "/api/generate", generate),
+    ("POST", "/api/embed", embed_route),
+    ("POST", "/api/embeddings", embed_route),
+    ("POST", "/api/show", show),
+    ("GET", "/api/version", version),
+    ("GET", "/api/tags", tags),
+    ("GET", "/api/ps", ps),
+]
