@@ -101,6 +101,7 @@ class ModelPool:
                        for m in models}
         for slot in self._slots.values():
             slot.keep_alive_s = slot.default_keep_alive_s
+        self.default_keep_alive_s = keep_alive_s  # --keep-alive
         self._ids = {model_id: m.name for m in models for model_id in m.ids}
         self.default = models[0].name if models else None
         self._spawn, self._plan_bytes = spawn, plan_bytes
@@ -111,6 +112,13 @@ class ModelPool:
         self._sharing: set[asyncio.Task[None]] = set()
 
     # -- what is servable ----------------------------------------------------------------------
+    def add(self, model: ServableModel) -> None:
+        """One more servable model (pulled while the server runs); its ids must be new."""
+        slot = _Slot(model, model.keep_alive_s if model.keep_alive_s is not None else self.default_keep_alive_s)
+        slot.keep_alive_s = slot.default_keep_alive_s
+        self._slots[model.name] = slot
+        self._ids.update({model_id: model.name for model_id in model.ids})
+
     def ids(self) -> list[str]:
         return list(self._ids)
 

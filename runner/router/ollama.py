@@ -4,15 +4,17 @@ to the model's process like every API request (router/routes.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runner.router.model_pool import ModelState
+from runner.router.model_pool import ModelState, PoolError
+from runner.router.servable import ServableModel, name_of
 from runner.router.state import RouterState
-from runner.server import ollama_api, ollama_models
+from runner.server import ollama_api, ollama_models, ollama_pulls
 from runner.server.edge import check_key
 from runner.server.errors import ApiError
 from runner.server.guards import read_body
@@ -73,9 +75,49 @@ async def show(state: RouterState, request: Request) -> Response:
     return JSONResponse(ollama_models.show(info))
 
 
+@_ollama_errors
+async def pull(state: RouterState, request: Request) -> Response:
+    """/api/pull: into the cache, and servable from then on."""
+    check_key(state.api_key, request)
+    body = _body(await read_body(request, state.max_body_bytes))
+    assert state.store is not None
+    store = state.store
+
+    def servable(name: str) -> None:
+        if state.pool.name_of(name) is None:
+            state.pool.add(ServableModel(name_of(name, store.catalog), name, state.options))
+
+    return await ollama_pulls.pull_response(store, body, servable)
+
+
+@_ollama_errors
+async def delete(state: RouterState, request: Request) -> Response:
+    """/api/delete: unloaded first (409 while it answers requests), then its files removed."""
+    check_key(state.api_key, request)
+    name = ollama_pulls.model_named(_body(await read_body(request, state.max_body_bytes)))
+    served = state.pool.name_of(name)
+    if served is not None:
+        try:
+            await state.pool.unload(served)
+        except PoolError as exc:
+            raise ApiError(exc.status, exc.message, code=exc.code) from None
+    assert state.store is not None
+    await asyncio.to_thread(ollama_pulls.delete, state.store, name)
+    return JSONResponse({})
+
+
+def _body(raw: bytes) -> dict:
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    return body
+
+
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/version", version),
     ("GET", "/api/tags", tags),
     ("GET", "/api/ps", ps),
     ("POST", "/api/show", show),
+    ("POST", "/api/pull", pull),
+    ("DELETE", "/api/delete", delete),
 ]

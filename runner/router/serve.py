@@ -108,7 +108,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
                      max_waiting=options.max_queue, n_threads=options.threads, log=log)
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
-                        preload=not args.no_preload, describe=header_reader(store))
+                        preload=not args.no_preload, describe=header_reader(store), store=store, options=options)
     log(f"runner: {len(models)} models servable (first: {models[0].name}); idle models unload after "
         f"{describe(keep_alive)}")
     config_ = uvicorn.Config(create_router_app(state, log), host=args.host, port=args.port, log_level="warning",

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from runner.catalog.store import ModelStore
+from runner.config.options import EngineOptions
 from runner.router.model_pool import ModelPool
 from runner.router.servable import ServableModel
 from runner.runtime.gguf_file import GgufInfo
@@ -25,3 +27,5 @@ class RouterState:
     created: int = field(default_factory=lambda: int(time.time()))
     # a servable model's GGUF header, read without loading it (None: its file is not here)
     describe: Callable[[ServableModel], GgufInfo | None] = lambda model: None
+    store: ModelStore | None = None  # the cache /api/pull and /api/delete change
+    options: EngineOptions = field(default_factory=EngineOptions)  # for a model pulled while serving

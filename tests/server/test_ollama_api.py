@@ -142,3 +142,12 @@ def test_malformed_json_without_a_content_type_and_nothing_left_in_a_slot(server
 def test_an_empty_request_answers_that_the_model_is_loaded(client: ollama.Client) -> None:
     assert client.generate(model=MODEL, prompt="").done_reason == "load"
     assert client.chat(model=MODEL, messages=[]).done_reason == "load"
+
+
+def test_delete_refuses_the_served_model_and_pull_an_unknown_name(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as in_use:
+        client.delete(MODEL)
+    assert in_use.value.status_code == 409
+    with pytest.raises(ollama.ResponseError) as unknown:
+        client.pull("no-such-model")
+    assert unknown.value.status_code == 404 and "no-such-model" in unknown.value.error
