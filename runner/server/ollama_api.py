@@ -23,7 +23,8 @@ from runner.server.replies import read_reply
 
 NDJSON = "application/x-ndjson"
 _DEFAULTS = SamplingParams()
-_INT_OPTIONS = {"repeat_last_n": 0, "seed": None}  # besides the shared sampling fields (their lower bounds)
+_REPEAT_LAST_N = request_fields.Field("repeat_last_n", "integer", "", 0)
+_SEED = request_fields.Field("seed", "integer", "", -(2**63), 2**64 - 1)
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -138,7 +139,8 @@ def _think(value: Any) -> tuple[bool, int | None]:
 
 
 def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
-    options = body.get("options") or {}
+    options = body.get("options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise invalid("options must be an object", "options")
     stream = body.get("stream", True)
@@ -161,8 +163,9 @@ def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
 
 def _sampling(options: dict[str, Any]) -> SamplingParams:
     values = {name: field.read(options, getattr(_DEFAULTS, name)) for name, field in request_fields.SAMPLING.items()}
-    for name, lo in _INT_OPTIONS.items():
-        values[name] = request_fields.Field(name, "integer", "", lo).read(options, getattr(_DEFAULTS, name))
+    values["repeat_last_n"] = _REPEAT_LAST_N.read(options, _DEFAULTS.repeat_last_n)
+    seed = _SEED.read(options)
+    values["seed"] = seed if seed is not None and seed >= 0 else None  # a negative seed: random, as llama.cpp's -1
     return SamplingParams(**values)
 
 

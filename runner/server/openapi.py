@@ -8,7 +8,7 @@ from typing import Any
 
 from runner import __version__
 from runner.prompt.chat_template import ROLES
-from runner.server import openai_params, openapi_dialects
+from runner.server import openai_params, openapi_dialects, openapi_ollama
 from runner.server.openapi_schema import nullable, object_schema
 from runner.server.request_fields import Field
 
@@ -116,7 +116,7 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "runner", "version": __version__,
-                 "description": "OpenAI- and Anthropic-compatible API of a local runner server"},
+                 "description": "OpenAI-, Anthropic- and Ollama-compatible API of a local runner server"},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "operationId": "createChatCompletion",
@@ -135,6 +135,7 @@ def openapi_document(needs_key: bool, max_n: int = 1, model_ids: list[str] | Non
         },
     }
     doc["paths"].update(openapi_dialects.paths(_errors(api_errors), EVENT_STREAM, model_ids, needs_key))
+    doc["paths"].update(openapi_ollama.paths(_errors(["403"])["403"], needs_key, model_ids))
     for path in ("/v1/chat/completions", "/v1/completions"):
         properties = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
         for name in ("n", "best_of"):

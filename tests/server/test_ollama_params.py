@@ -1,0 +1,89 @@
+"""Ollama's request bodies read into the internal request, and its NDJSON replies written back:
+no model needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runner.scheduler.request import FinishReason, StreamEvent, Usage
+from runner.server.errors import ApiError
+from runner.server.ollama_api import OllamaBuilder, parse_chat, parse_generate
+from runner.server.params import ChatParams, CompletionParams
+from runner.server.reasoning import ReasoningSplitter
+
+CTX = 2048
+
+
+def chat(**body: object) -> ChatParams:
+    return parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}, CTX)
+
+
+@pytest.mark.parametrize(("seed", "expected"), [(7, 7), (0, 0), (-1, None), (-1436, None), (None, None)])
+def test_a_seed_is_kept_and_a_negative_one_means_random(seed: int | None, expected: int | None) -> None:
+    options = {} if seed is None else {"seed": seed}
+    assert chat(options=options).common.sampling.seed == expected
+
+
+def test_options_map_onto_the_sampling_fields() -> None:
+    params = chat(options={"temperature": 0, "top_k": 3, "top_p": 0.5, "min_p": 0.1, "repeat_last_n": 8,
+                           "repeat_penalty": 1.2, "num_predict": 9, "stop": "END"})
+    s = params.common.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.repeat_last_n, s.repeat_penalty) == (0, 3, 0.5, 0.1, 8, 1.2)
+    assert params.common.max_tokens == 9 and params.common.stop == ("END",)
+    assert chat(options={"num_predict": -1}).common.max_tokens is None  # Ollama's "no limit"
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"options": {"repeat_last_n": -2}}, "repeat_last_n"),
+    ({"options": {"seed": "x"}}, "seed"),
+    ({"options": {"num_ctx": CTX + 1}}, "num_ctx"),
+    ({"options": []}, "options"),
+    ({"think": "very"}, "think"),
+    ({"stream": "yes"}, "stream"),
+    ({"format": 3}, "format"),
+])
+def test_bad_fields_are_a_400_naming_them(body: dict, field: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        chat(**body)
+    assert caught.value.status == 400 and field in caught.value.message
+
+
+def test_generate_is_a_user_turn_with_its_system_or_the_raw_prompt() -> None:
+    turned = parse_generate({"model": "m", "prompt": "hi", "system": "be brief"}, CTX)
+    assert isinstance(turned, ChatParams)
+    assert [(m.role, m.content) for m in turned.messages] == [("system", "be brief"), ("user", "hi")]
+    raw = parse_generate({"model": "m", "prompt": "<s>hi", "raw": True}, CTX)
+    assert isinstance(raw, CompletionParams) and raw.prompt == "<s>hi"
+
+
+def events(*texts: str) -> list[StreamEvent]:
+    out = [StreamEvent("r", t) for t in texts[:-1]]
+    return out + [StreamEvent("r", texts[-1], finish_reason=FinishReason.STOP, usage=Usage(5, len(texts)))]
+
+
+@pytest.mark.parametrize("show_thinking", [True, False])
+def test_thinking_is_apart_from_the_content_streamed_and_whole(show_thinking: bool) -> None:
+    pieces = ("<think>", "add them", "</think>", "4")
+    streamed = OllamaBuilder("m", 5, True, ReasoningSplitter(), show_thinking=show_thinking)
+    lines = [streamed.chunk_sse(e) for e in events(*pieces)]
+    objects = [json.loads(line) for line in lines if line] + [json.loads(streamed.stream_end(False))]
+    thinking = "".join(o["message"].get("thinking", "") for o in objects)
+    content = "".join(o["message"]["content"] for o in objects)
+    assert (thinking, content) == ("add them" if show_thinking else "", "4")
+    assert objects[-1]["done"] and objects[-1]["done_reason"] == "stop" and objects[-1]["eval_count"] == 4
+
+    whole = OllamaBuilder("m", 5, True, ReasoningSplitter(), show_thinking=show_thinking)
+    for e in events(*pieces):
+        whole.add(e)
+    message = whole.whole()["message"]
+    assert message["content"] == "4" and message.get("thinking", "") == ("add them" if show_thinking else "")
+
+
+def test_a_reply_cut_by_its_length_says_so() -> None:
+    builder = OllamaBuilder("m", 5, False)
+    builder.add(StreamEvent("r", "abc", finish_reason=FinishReason.LENGTH, usage=Usage(5, 3)))
+    final = builder.whole()
+    assert (final["response"], final["done_reason"], final["prompt_eval_count"], final["eval_count"]) == \
+        ("abc", "length", 5, 3)
