@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -10,6 +11,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import openai
@@ -59,12 +61,26 @@ class ServerProcess:
                              max_retries=0)
 
     def get(self, path: str, **kw: object) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=30, **kw)
+        with self.explained():
+            return httpx.get(self.url + path, timeout=30, **kw)
 
     def post(self, path: str, **kw: object) -> httpx.Response:
         """POST; a JSON body for the API names the served model unless it says otherwise (`"model": None`
         sends none)."""
-        return httpx.post(self.url + path, timeout=60, **self.with_model(path, kw))
+        with self.explained():
+            return httpx.post(self.url + path, timeout=60, **self.with_model(path, kw))
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """A refused connection because the server has ended says how it ended, with its log's tail."""
+        try:
+            yield
+        except httpx.ConnectError:
+            code = self.proc.poll()
+            if code is None:
+                raise
+            raise RuntimeError(f"the server had ended (exit code {code}); its log ends:\n"
+                               + "".join(list(self.log_tail)[-40:])) from None
 
     def with_model(self, path: str, kw: dict) -> dict:
         body = kw.get("json")
