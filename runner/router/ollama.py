@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from runner.router.model_pool import ModelState, PoolError
 from runner.router.servable import ServableModel, name_of
 from runner.router.state import RouterState
-from runner.server import ollama_api, ollama_models, ollama_pulls
+from runner.server import ollama_api, ollama_models, ollama_pulls, ollama_routes
 from runner.server.edge import check_key
 from runner.server.errors import ApiError
 from runner.server.guards import read_body
@@ -120,4 +120,5 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/api/show", show),
     ("POST", "/api/pull", pull),
     ("DELETE", "/api/delete", delete),
+    *ollama_routes.NOT_DONE,
 ]

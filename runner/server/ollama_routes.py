@@ -112,7 +112,8 @@ async def tags(state: ServerState, request: Request) -> Response:
 async def ps(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
     return JSONResponse({"models": [ollama_models.running(state.served_name, state.facts.gguf,
-                                                          state.facts.memory_bytes, None)]})
+                                                          state.facts.memory_bytes, None,
+                                                          int(state.facts.placement.get("gpu_bytes", 0)))]})
 
 
 @_ollama_errors
@@ -139,6 +140,18 @@ async def delete(state: ServerState, request: Request) -> Response:
     return JSONResponse({})
 
 
+async def not_done(state: object, request: Request) -> Response:
+    """Ollama's routes that make models out of others: runner serves GGUF files as they are."""
+    return ollama_api.error_response(ApiError(
+        501, f"{request.url.path} is not supported here: runner serves GGUF files as they are (fetch one with "
+        "/api/pull; give a model another name with --alias or --models-config)", code="not_supported"))
+
+
+NOT_DONE: list[tuple[str, str, Handler]] = [
+    *[("POST", path, not_done) for path in ("/api/copy", "/api/create", "/api/push", "/api/blobs/{digest}")],
+    ("HEAD", "/api/blobs/{digest}", not_done),
+]
+
 ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/api/chat", chat),
     ("POST", "/api/generate", generate),
@@ -150,4 +163,5 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/ps", ps),
     ("POST", "/api/pull", pull),
     ("DELETE", "/api/delete", delete),
+    *NOT_DONE,
 ]

@@ -309,6 +309,9 @@ def test_ollamas_api_through_the_router_lists_shows_loads_and_unloads(router: Se
         with pytest.raises(ollama.ResponseError) as missing:
             client.chat(model="nope", messages=[{"role": "user", "content": "Hi"}])
         assert missing.value.status_code == 404 and missing.value.error.startswith("The model 'nope' does not exist")
+        with pytest.raises(ollama.ResponseError) as copied:
+            client.copy(GEMMA, "mine")
+        assert copied.value.status_code == 501 and "/api/copy is not supported here" in copied.value.error
 
 
 def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(

@@ -151,3 +151,12 @@ def test_delete_refuses_the_served_model_and_pull_an_unknown_name(client: ollama
     with pytest.raises(ollama.ResponseError) as unknown:
         client.pull("no-such-model")
     assert unknown.value.status_code == 404 and "no-such-model" in unknown.value.error
+
+
+def test_copy_and_create_say_they_are_not_supported(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as copied:
+        client.copy(MODEL, "mine")
+    assert copied.value.status_code == 501 and "/api/copy is not supported here" in copied.value.error
+    with pytest.raises(ollama.ResponseError) as created:
+        client.create(model="mine", from_=MODEL, system="be brief")
+    assert created.value.status_code == 501 and "/api/create" in created.value.error
