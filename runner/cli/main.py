@@ -218,6 +218,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("layers", str(info.arch_value("block_count", "?"))),
         ("chat template", "present" if info.has_chat_template else "none (runner's plain fallback is used)"),
     ]
+    rows += _placement_rows(info)
     if ref:
         rows += [("license", ref.entry.license), ("origin", ref.entry.hub or ref.entry.hf)]
         if ref.entry.draft:
@@ -225,6 +226,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:16} {value}")
     return 0
+
+
+def _placement_rows(info: object) -> list[tuple[str, str]]:
+    """This machine's devices, and where the default options would put the model's layers."""
+    from runner.config.options import EngineOptions
+    from runner.runtime.gpu_fit import plan_offload
+    from runner.runtime.llama import list_devices
+    from runner.runtime.memory_plan import layer_costs
+
+    devices = list_devices()
+    offload = plan_offload(None, layer_costs(info, EngineOptions()), devices)  # type: ignore[arg-type]
+    rows = [("device", d.describe()) for d in devices]
+    return rows + [("gpu layers", offload.describe() + " (with the default --parallel and --ctx-size)")]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,7 +47,9 @@ class EngineOptions:
     ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
     batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
     threads: int = _opt(physical_cores(), "CPU threads for llama.cpp (default: this machine's physical cores)")
-    n_gpu_layers: int = _opt(0, "layers to offload on CUDA/Metal builds (-1: all)", flag="--n-gpu-layers")
+    n_gpu_layers: str = _opt("auto", "layers on the GPU of a CUDA/Metal build: auto (as many as its free memory holds, "
+                                     "leaving 1 GiB), a number, or -1 (all); none without a GPU",
+                             flag="--n-gpu-layers")
     max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
                                  "context)")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")

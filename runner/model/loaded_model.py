@@ -23,11 +23,13 @@ from runner.prompt.chat_template import (
 from runner.prompt.tools import Tool
 from runner.runtime.calibration import measure
 from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key, vocabulary_key
+from runner.runtime.devices import Device
 from runner.runtime.draft_agreement import measure_agreement
 from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
-from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread
-from runner.runtime.memory_plan import MemoryPlan
+from runner.runtime.gpu_fit import parse_gpu_layers, plan_offload
+from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread, list_devices
+from runner.runtime.memory_plan import MemoryPlan, layer_costs
 from runner.runtime.model_runner import ModelRunner
 from runner.sampling.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.scheduler.engine import Engine
@@ -54,17 +56,22 @@ class LoadedModel:
         options: EngineOptions | None = None,
         store: ModelStore | None = None,
         log: Callable[[str], None] = _stderr,
+        devices: list[Device] | None = None,
     ) -> None:
+        """`devices`: what llama.cpp sees, unless given (tests give made-up GPUs)."""
         self.options = options or EngineOptions()
         store = store or ModelStore()
         self.path, ref = store.resolve(str(model))
         # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
         self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
-        self.memory_plan = MemoryPlan.for_model(self.info, self.options)
+        self.devices = list_devices() if devices is None else devices
+        self.offload = plan_offload(parse_gpu_layers(self.options.n_gpu_layers), layer_costs(self.info, self.options),
+                                    self.devices)
+        self.memory_plan = MemoryPlan.for_model(self.info, self.options, offload=self.offload)
         self.memory_plan.check()
         log(self.memory_plan.describe())
-        self.model = Model(self.path, self.options.n_gpu_layers)
+        self.model = Model(self.path, self.offload.n_gpu_layers)
         try:
             self.template = ChatTemplate.for_model(
                 self.model.chat_template,
@@ -83,7 +90,8 @@ class LoadedModel:
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
             self.facts = ModelFacts(self.model, self.template, self.options.ctx_size, self.options.parallel,
-                                    self.options.max_tokens, self.info, self.memory_plan.total_bytes)
+                                    self.options.max_tokens, self.info, self.memory_plan.total_bytes,
+                                    self.offload.as_json())
         except BaseException:
             self.model.close()
             raise
@@ -120,10 +128,12 @@ class LoadedModel:
             draft_path, draft_ref = store.resolve(draft)
             draft_info = read_gguf(draft_path)
             check_same_vocab_header(self.info, draft_info)
-            both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts))
+            draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
+                                         self.devices, reserved=self.offload.gpu_bytes)
+            both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
             both.check()
             log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
-            draft_model = Model(draft_path, opts.n_gpu_layers)
+            draft_model = Model(draft_path, draft_offload.n_gpu_layers)
             try:
                 drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
             except BaseException:
@@ -140,7 +150,7 @@ class LoadedModel:
 
     def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
         opts, shape = self.options, context.shape
-        key = calibration_key(path, opts.threads, opts.n_gpu_layers, shape.n_seq, shape.n_ubatch)
+        key = calibration_key(path, opts.threads, self.offload.n_gpu_layers, shape.n_seq, shape.n_ubatch)
 
         def calibrate() -> dict:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")

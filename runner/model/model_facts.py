@@ -20,10 +20,12 @@ class TokenIdError(ValueError):
 
 class ModelFacts:
     def __init__(self, model: Model, template: ChatTemplate, ctx_size: int, n_slots: int,
-                 default_max_tokens: int, gguf: GgufInfo | None = None, memory_bytes: int = 0) -> None:
+                 default_max_tokens: int, gguf: GgufInfo | None = None, memory_bytes: int = 0,
+                 placement: dict[str, object] | None = None) -> None:
         self._model = model
         self.gguf = gguf  # the file's header (what Ollama's API describes a model by)
         self.memory_bytes = memory_bytes  # its memory plan's total
+        self.placement = placement or {}  # where its layers are (gpu_fit.Offload.as_json)
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self.ctx_size = ctx_size  # tokens per slot

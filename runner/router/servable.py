@@ -96,6 +96,8 @@ def _servable(name: str, source: str, options: EngineOptions, section: dict[str,
     overrides = {k: v for k, v in section.items() if k in fields}
     for key, value in overrides.items():
         expected = type(getattr(options, key))
+        if key == "n_gpu_layers" and type(value) is int:  # a count, or the string "auto"
+            overrides[key] = value = str(value)
         if type(value) is not expected:
             raise OptionError(f"--models-config: [models.\"{name}\"] {key} must be a{'n' if expected is int else ''} "
                               f"{expected.__name__}, got {value!r}")

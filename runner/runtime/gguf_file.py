@@ -23,6 +23,7 @@ _DEFAULT_ALIGNMENT = 32
 # GGUF value type id -> struct format of a scalar
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_LAYER = re.compile(r"blk\.(\d+)\.")
 _WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length (and a digest) of
 
 
@@ -34,6 +35,10 @@ class GgufInfo:
     n_tensors: int
     n_params: int
     data_end: int  # byte offset where the last tensor's data ends
+    # weights per repeating layer (blk.N.*), and of the output head (its norm too; the token
+    # embeddings when the head is tied to them): what a GPU offload of N layers places there
+    layer_weight_bytes: tuple[int, ...] = ()
+    output_weight_bytes: int = 0
 
     @property
     def architecture(self) -> str:
@@ -179,8 +184,10 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         if key in _WANTED_ARRAYS:
             metadata[key + "#sha256"] = hashlib.sha256(cur.buf[start:cur.pos]).hexdigest()
     n_params, data_end = 0, 0
+    layers: dict[int, int] = {}
+    named: dict[str, int] = {}
     for _ in range(n_tensors):
-        cur.skip_string()
+        name = cur.string()
         n_dims = cur.take("I")
         n_elements = 1
         for _ in range(n_dims):
@@ -188,7 +195,13 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         ggml_type, offset = cur.take("I"), cur.take("Q")
         block, type_size = _type_sizes(ggml_type, path)
         n_params += n_elements
-        data_end = max(data_end, offset + n_elements // block * type_size)
+        n_bytes = n_elements // block * type_size
+        data_end = max(data_end, offset + n_bytes)
+        layer = _LAYER.match(name)
+        if layer:
+            layers[int(layer.group(1))] = layers.get(int(layer.group(1)), 0) + n_bytes
+        else:
+            named[name] = n_bytes
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
     if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0:
         raise ModelFileError(f"{path}: corrupt GGUF metadata (general.alignment is {alignment!r})")
@@ -198,4 +211,7 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         raise ModelFileError(
             f"{path} is truncated or corrupt: its tensors need {total:,} bytes but the file has {file_size:,}"
         )
-    return GgufInfo(path, file_size, metadata, n_tensors, n_params, total)
+    head = named.get("output.weight", named.get("token_embd.weight", 0))  # tied: the embeddings, duplicated
+    head += sum(n for name, n in named.items() if name.startswith("output_norm."))
+    per_layer = tuple(layers.get(i, 0) for i in range(max(layers) + 1)) if layers else ()
+    return GgufInfo(path, file_size, metadata, n_tensors, n_params, total, per_layer, head)

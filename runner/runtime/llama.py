@@ -21,6 +21,7 @@ import numpy as np
 
 from runner.core.errors import ModelLoadError
 from runner.config.options import N_UBATCH_MAX
+from runner.runtime.devices import KINDS, Device
 
 T = TypeVar("T")
 
@@ -85,6 +86,40 @@ def library_version() -> str:
 
 def supports_gpu_offload() -> bool:
     return bool(_lc.llama_supports_gpu_offload())
+
+
+@functools.cache
+def _ggml_devices_api() -> ctypes.CDLL:
+    """ggml's device registry (exported by the ggml libraries libllama loads; not bound by llama_cpp)."""
+    lib = _lc.llama_cpp._lib
+    p = ctypes.c_void_p
+    for name, restype, argtypes in (
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+        ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
+        ("ggml_backend_dev_type", ctypes.c_int, [p]),
+        ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def list_devices() -> list[Device]:
+    """Every device this llama.cpp build registered (the CPU, then any GPU), with its free memory now."""
+    init_backend()
+    lib = _ggml_devices_api()
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = lib.ggml_backend_dev_type(dev)
+        devices.append(Device((lib.ggml_backend_dev_name(dev) or b"?").decode(),
+                              (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                              KINDS[kind] if 0 <= kind < len(KINDS) else f"type {kind}", free.value, total.value))
+    return devices
 
 
 _has_decoded = threading.local()  # .team: this thread has decoded, so libgomp keeps a team for it

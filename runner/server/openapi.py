@@ -77,7 +77,11 @@ COMPLETION = object_schema({
 }, ["id", "object", "created", "model", "choices", "usage"], extra=True)
 MODELS = object_schema({"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": object_schema({
     "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]}, "created": {"type": "integer"},
-    "owned_by": {"type": "string"}}, ["id", "object", "created", "owned_by"])}}, ["object", "data"])
+    "owned_by": {"type": "string"},
+    "placement": object_schema({"n_gpu_layers": {"type": "integer"}, "layers": {"type": "integer"},
+                                "gpu_bytes": {"type": "integer"}, "devices": {"type": "array", "items": {"type": "string"}},
+                                "auto": {"type": "boolean"}}, [])}, ["id", "object", "created", "owned_by"], extra=True)}},
+    ["object", "data"])
 
 
 def _request_body(fields: tuple[Field, ...], extra: dict[str, Any], required: list[str]) -> dict[str, Any]:

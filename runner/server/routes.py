@@ -136,7 +136,8 @@ async def embeddings(state: ServerState, request: Request) -> Response:
 # -- about the server ---------------------------------------------------------------------------
 async def models(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
-    data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner"} for m in state.model_ids]
+    data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner",
+             "placement": state.facts.placement} for m in state.model_ids]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -56,12 +56,13 @@ def test_a_config_section_sets_one_models_options_aliases_pin_and_keep_alive(sto
                                                                              tmp_path: Path) -> None:
     config = tmp_path / "models.toml"
     config.write_text('[models.big]\nctx_size = 8192\nparallel = 2\naliases = ["large"]\npin = true\n'
-                      'keep_alive = "1h"\n[models.mine2]\nmodel = "/m/x.gguf"\nkv_type = "q8_0"\n')
+                      'keep_alive = "1h"\nn_gpu_layers = 20\n[models.mine2]\nmodel = "/m/x.gguf"\nkv_type = "q8_0"\n')
     models = servable_models(["small", "big"], EngineOptions(ctx_size=1024), store, config=read_models_config(config))
     small, big, mine2 = models
     assert (small.options.ctx_size, big.options.ctx_size, big.options.parallel) == (1024, 8192, 2)
     assert (big.ids, big.is_pinned, big.keep_alive_s, small.is_pinned) == (("big", "large"), True, 3600.0, False)
     assert (mine2.source, mine2.options.kv_type, mine2.options.ctx_size) == ("/m/x.gguf", "q8_0", 1024)
+    assert (big.options.n_gpu_layers, small.options.n_gpu_layers) == ("20", "auto")  # a count, or auto
 
 
 @pytest.mark.parametrize(("text", "message"), [

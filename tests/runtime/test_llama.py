@@ -40,3 +40,12 @@ def test_extra_weight_buffers_are_off_only_on_a_cpu_with_amx() -> None:
     assert not uses_extra_buffers(sapphire, env="")
     assert uses_extra_buffers(zen, env="")
     assert uses_extra_buffers(sapphire, env="1") and not uses_extra_buffers(zen, env="0")
+
+
+def test_the_device_list_starts_with_the_cpu_and_its_memory() -> None:
+    from runner.runtime.llama import list_devices, supports_gpu_offload
+
+    devices = list_devices()
+    assert devices[0].name == "CPU" and devices[0].kind == "cpu" and not devices[0].takes_layers
+    assert 0 < devices[0].free_bytes <= devices[0].total_bytes
+    assert any(d.takes_layers for d in devices) == supports_gpu_offload()
