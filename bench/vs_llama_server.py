@@ -59,17 +59,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def gpu_flags(gpu_layers: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--gpu-layers for both servers (ours, theirs): a count, all, or None (each server's default)."""
+    if gpu_layers is None:
+        return (), ()
+    ours = "-1" if gpu_layers == "all" else gpu_layers
+    return ("--n-gpu-layers", ours), ("-ngl", gpu_layers)
+
+
 def ours_command(model: Path, shape: Shape, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "runner", "serve", str(model), "--alias", ALIAS, "--port", str(port),
             "--parallel", str(shape.slots), "--ctx-size", str(shape.ctx_per_slot), "--batch-size", str(shape.batch),
             "--threads", str(shape.threads), "-q", *extra]
 
 
-def theirs_command(binary: Path, model: Path, shape: Shape, port: int) -> list[str]:
+def theirs_command(binary: Path, model: Path, shape: Shape, port: int, extra: tuple[str, ...] = ()) -> list[str]:
     # -c is the whole KV (split across -np slots); --no-kv-unified gives each slot its own stream, as runner does
     return [str(binary), "-m", str(model), "--alias", ALIAS, "--port", str(port), "--host", "127.0.0.1",
             "-np", str(shape.slots), "-c", str(shape.slots * shape.ctx_per_slot), "-b", str(shape.batch),
-            "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja"]
+            "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja", *extra]
 
 
 def serve(command: list[str], port: int) -> subprocess.Popen:
@@ -136,7 +144,13 @@ def main() -> None:
     ap.add_argument("--ctx-per-slot", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3, help="ours/theirs pairs per concurrency (medians taken)")
+    ap.add_argument("--gpu-layers", default=None, help="layers on the GPU for both servers: a count or all "
+                                                         "(default: each server's own, auto for both)")
+    ap.add_argument("--prompt-repeat", type=int, default=1,
+                    help="each prompt this many times over (a long prompt: TTFT then measures prefill)")
     args = ap.parse_args()
+    ours_gpu, theirs_gpu = gpu_flags(args.gpu_layers)
+    prompts = [" ".join([p] * args.prompt_repeat) for p in PROMPTS]
     binary = args.llama_server or next(DEFAULT_LLAMA_SERVER.glob("llama_cpp_python-*/vendor/llama.cpp/build/bin/"
                                                                   "llama-server"), None)
     if binary is None or not binary.exists():
@@ -150,9 +164,9 @@ def main() -> None:
             runs = {}
             for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
                 port = free_port()
-                command = ours_command(model, shape, port) if who == "ours" else theirs_command(binary, model, shape,
-                                                                                                 port)
-                runs[who] = measure(command, port, c, args.rounds, args.max_tokens)
+                command = (ours_command(model, shape, port, ours_gpu) if who == "ours"
+                           else theirs_command(binary, model, shape, port, theirs_gpu))
+                runs[who] = measure(command, port, c, args.rounds, args.max_tokens, prompts)
                 print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
                       f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
             pairs.append(runs)
@@ -162,7 +176,9 @@ def main() -> None:
                      med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
                      statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
     print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
-          f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)\n")
+          f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)"
+          + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else "")
+          + (f", each prompt x{args.prompt_repeat}" if args.prompt_repeat > 1 else "") + "\n")
     print_table(["clients", "slots", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
                  "llama-server mean TTFT ms", "TTFT ours/theirs"], rows)
 

@@ -30,18 +30,24 @@ def byte_level_alphabet() -> list[str]:
 
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
                     extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0,
-                    pooling_type: int | None = None, extra_specials: tuple[str, ...] = ()) -> Path:
+                    pooling_type: int | None = None, extra_specials: tuple[str, ...] = (), n_head: int = 4,
+                    n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 0, scale: float = 0.3) -> Path:
     """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
     chat_template: True for ChatML, or a template's source. split_max_tensors > 0 writes a split
     GGUF (STEM-00001-of-0000N.gguf, ... beside `path`). pooling_type: an embedding model's pooling
     (llama.cpp's enum: 1 mean, 2 CLS, 3 last). extra_specials: tags such as <think> that tokenize whole
-    (user-defined tokens: parsed from text, rendered as their text)."""
+    (user-defined tokens: parsed from text, rendered as their text). n_head, n_head_kv, n_ff, and n_vocab
+    (padded with made-up tokens; 0: just the byte-level set) give a real model's shapes; `scale` is the
+    weights' standard deviation."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens) + list(extra_specials)
     types = ([TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS) - len(extra_specials))
              + [TokenType.USER_DEFINED] * len(extra_specials))
-    n_vocab, n_head, n_head_kv, n_ff = len(tokens), 4, 2, 128
+    padding = [f"<pad{i}>" for i in range(max(0, n_vocab - len(tokens)))]
+    tokens += padding
+    types += [TokenType.NORMAL] * len(padding)
+    n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +76,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     if chat_template:
         w.add_chat_template(CHATML if chat_template is True else chat_template)
 
-    def tensor(name: str, *shape: int, scale: float = 0.3) -> None:
+    def tensor(name: str, *shape: int, scale: float = scale) -> None:
         weights = rng.standard_normal(shape) * scale
         if perturb:
             weights += noise.standard_normal(shape) * scale * perturb
