@@ -56,6 +56,8 @@ class EngineOptions:
     kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
     draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
     draft_max: int = _opt(4, "most tokens drafted per slot and step")
+    ngram_store_mb: int = _opt(16, "with --draft ngram: MiB for n-grams learned from every request's replies, "
+                                   "shared by all slots (drafts where a request's own context has none; 0: off)")
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
     jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "

@@ -38,6 +38,7 @@ from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (regi
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
+from runner.speculation.ngram_store import NgramStore
 from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
 
 CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
@@ -123,7 +124,11 @@ class LoadedModel:
             target_costs = self._costs(store, self.path, self.runner.context, log)
         draft_costs, prior = None, PRIOR_ACCEPT
         if draft == "ngram":
-            drafter = make_drafter("ngram")
+            store = NgramStore(opts.ngram_store_mb << 20) if opts.ngram_store_mb > 0 else None
+            drafter = make_drafter("ngram", store=store)
+            if store is not None:
+                log(f"n-gram store: {store.n_bytes / (1 << 20):.0f} MiB ({store.n_entries:,} n-grams), learned from "
+                    "every request's replies, shared by all slots, kept in this process only")
         else:
             draft_path, draft_ref = store.resolve(draft)
             draft_info = read_gguf(draft_path)

@@ -38,6 +38,8 @@ class DraftCounts:
     n_proposed: int
     n_accepted: int
     slots: tuple[SlotDrafts, ...]
+    by_kind: tuple[tuple[str, int, int], ...] = ()  # (kind, proposed, accepted) where the drafter has kinds
+    gauges: tuple[tuple[str, float], ...] = ()  # what the drafter holds (the n-gram store's size)
 
 
 @dataclass(frozen=True)

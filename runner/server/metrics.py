@@ -32,8 +32,28 @@ def render_metrics(snap: EngineSnapshot) -> str:
             ("runner_draft_tokens_accepted_total", "counter", "Drafted tokens the target kept.",
              label, snap.drafts.n_accepted),
         ]
+        by_kind = snap.drafts.by_kind
+        if by_kind:
+            kind_label = lambda k: f'{{drafter="{snap.drafts.drafter}",kind="{k}"}}'  # noqa: E731
+            rows += [
+                ("runner_draft_tokens_proposed_by_kind_total", "counter",
+                 "Drafted tokens verified, by the kind of proposal (acceptance is learned per kind).",
+                 [(kind_label(k), proposed) for k, proposed, _ in by_kind]),
+                ("runner_draft_tokens_accepted_by_kind_total", "counter", "Drafted tokens kept, by kind.",
+                 [(kind_label(k), accepted) for k, _, accepted in by_kind]),
+            ]
+        rows += [(f"runner_{name}", "gauge", _GAUGE_HELP.get(name, name), label, value)
+                 for name, value in snap.drafts.gauges]
     lines = []
     for name, kind, help_text, *value in rows:
-        labels, number = (value[0], value[1]) if len(value) == 2 else ("", value[0])
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{labels} {number}"]
+        samples = value[0] if len(value) == 1 and isinstance(value[0], list) else (
+            [(value[0], value[1])] if len(value) == 2 else [("", value[0])])
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{labels} {number}" for labels, number in samples]
     return "\n".join(lines) + "\n"
+
+
+_GAUGE_HELP = {
+    "ngram_store_bytes": "Memory of the n-gram store learned across requests (allocated once).",
+    "ngram_store_entries": "N-grams the store holds.",
+}

@@ -1,7 +1,9 @@
 """Prompt lookup: propose the tokens that followed the latest n-gram the last time it occurred.
 
 No model: when the output copies the input (rewrite, edit, quote, code), the continuation of
-the current suffix is usually already somewhere in the context.
+the current suffix is usually already somewhere in the context. Where the context has none, a
+store learned from every request's replies (ngram_store.py, when given one) proposes instead,
+as a kind of its own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runner.speculation.drafter import DraftJob, register_drafter
+from runner.speculation.ngram_store import NgramStore
 
 NGRAM_MAX = 4
 NGRAM_MIN = 2  # a lone matching token predicts little: 0.31 acceptance on free chat, where drafts lose
@@ -16,6 +19,8 @@ NGRAM_MIN = 2  # a lone matching token predicts little: 0.31 acceptance on free 
 # (8 clients, forced on): 2 tokens 0.53 (chat) to 0.67 (grounded), 3 tokens ~0.5 (rare), 4 tokens
 # 1.0 (grounded; rare in chat). Rounded down: the prior until a server has measured its own.
 PRIOR_BY_MATCH = {2: 0.5, 3: 0.6, 4: 0.9}
+STORE_KIND = 100  # DraftJob.kind of the store's proposals (the context's are their match length)
+STORE_PRIOR = 0.3  # until this server has measured the store's own acceptance
 
 
 @dataclass
@@ -31,9 +36,15 @@ class NgramDrafter:
     name = "ngram"
     is_free = True
 
-    def __init__(self, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN, **_: object) -> None:
+    def __init__(self, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN, store: NgramStore | None = None,
+                 **_: object) -> None:
         self.n_max, self.n_min = n_max, n_min
+        self.store = store
         self._indexes: dict[int, _Index] = {}
+        self._fed: dict[int, tuple[str, int]] = {}  # slot -> (request, output tokens the store has learned)
+
+    def kind_name(self, kind: int | None) -> str:
+        return "store" if kind == STORE_KIND else f"context-{kind}"
 
     def _index(self, slot_id: int, context: list[int]) -> _Index:
         index = self._indexes.get(slot_id)
@@ -59,12 +70,38 @@ class NgramDrafter:
                     job.draft_dists = [None] * len(job.draft_ids)
                     job.kind, job.prior = n, PRIOR_BY_MATCH.get(n)
                     break
+            if not job.draft_ids and self.store is not None:
+                job.draft_ids = self.store.draft(ctx, job.k)
+                job.draft_dists = [None] * len(job.draft_ids)
+                job.kind, job.prior = STORE_KIND, STORE_PRIOR
+
+    def observe(self, slot_id: int, request_id: str, prompt_ids: tuple[int, ...], output_ids: list[int]) -> None:
+        """A slot's committed tokens after a step: the output the store has not learned yet teaches it."""
+        if self.store is None:
+            return
+        fed_request, n_fed = self._fed.get(slot_id, ("", 0))
+        n_fed = n_fed if fed_request == request_id else 0
+        if len(output_ids) <= n_fed:
+            return
+        n = self.store.n
+        head = list(prompt_ids[max(0, len(prompt_ids) - (n - n_fed)):]) if n_fed < n else []  # what precedes it
+        out_from = max(0, n_fed - n)
+        ids = head + output_ids[out_from:]
+        self.store.learn(ids, len(head) + n_fed - out_from)
+        self._fed[slot_id] = (request_id, len(output_ids))
+
+    def gauges(self) -> dict[str, float]:
+        """What the store holds, for /metrics."""
+        if self.store is None:
+            return {}
+        return {"ngram_store_bytes": self.store.n_bytes, "ngram_store_entries": self.store.n_filled}
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         return 0
 
     def close(self) -> None:
         self._indexes.clear()
+        self._fed.clear()
 
 
 register_drafter("ngram", lambda **kw: NgramDrafter(**kw))

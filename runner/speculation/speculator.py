@@ -103,6 +103,7 @@ class Speculator:
         self.backoff = Backoff()
         self._priced_s: float | None = None  # the current step's priced time (None: not a steady decode-only step)
         self._shape: Shape = (0, 0)  # ... and its shape (UnpricedTime's key)
+        self._generating: list = []  # this step's generating (slot id, Sequence)s
 
     @property
     def n_proposed(self) -> int:
@@ -114,15 +115,22 @@ class Speculator:
 
     def counts(self) -> DraftCounts:
         slots = tuple(SlotDrafts(s.k, s.n_proposed, s.n_accepted) for s in self.slots)
-        return DraftCounts(self.drafter.name, self.n_proposed, self.n_accepted, slots)
+        name_of = getattr(self.drafter, "kind_name", None)
+        by_kind = tuple((name_of(kind) if name_of is not None and kind is not None else self.drafter.name,
+                         sum(r.proposed), sum(r.accepted)) for kind, r in sorted(
+                             self.records.items(), key=lambda item: -1 if item[0] is None else item[0]))
+        gauges = getattr(self.drafter, "gauges", None)
+        return DraftCounts(self.drafter.name, self.n_proposed, self.n_accepted, slots, by_kind,
+                           tuple((gauges() if gauges is not None else {}).items()))
 
     def draft(self, plan: BatchPlan, n_batch: int, n_ctx_per_slot: int) -> None:
         """Add drafts to the plan's generating rows (the step's batch stays within n_batch)."""
         self._priced_s = None
         if self.mode is SpecMode.OFF:
             return
-        rows = [r for r in plan.rows
-                if r.slot.state is SlotState.GENERATING and r.slot.seq is not None and r.slot.seq.request.speculate]
+        generating = [r for r in plan.rows if r.slot.state is SlotState.GENERATING and r.slot.seq is not None]
+        self._generating = [(r.slot.id, r.slot.seq) for r in generating]  # (learn() shows them to the drafter)
+        rows = [r for r in generating if r.slot.seq.request.speculate]
         room = n_batch - plan.n_tokens
         caps = {}
         for row in rows:
@@ -170,6 +178,11 @@ class Speculator:
                 spec.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
                 self.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
                 self.n_runs += 1
+        observe = getattr(self.drafter, "observe", None)
+        if observe is not None:  # a drafter that learns from what every slot generated (ngram_store)
+            for slot_id, seq in self._generating:
+                observe(slot_id, seq.request_id, seq.prompt_ids, seq.output_ids)
+        self._generating = []
 
     @staticmethod
     def _cut_to_grammar(row: BatchRow) -> None:
