@@ -32,6 +32,7 @@ from common import model_path, print_table  # noqa: E402
 from sse_clients import run_clients  # noqa: E402
 
 from runner.config.options import physical_cores  # noqa: E402
+from runner.runtime.llama import uses_extra_buffers  # noqa: E402
 
 WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
 ALIAS = "bench"
@@ -74,10 +75,12 @@ def ours_command(model: Path, shape: Shape, port: int, extra: tuple[str, ...] = 
 
 
 def theirs_command(binary: Path, model: Path, shape: Shape, port: int, extra: tuple[str, ...] = ()) -> list[str]:
-    # -c is the whole KV (split across -np slots); --no-kv-unified gives each slot its own stream, as runner does
+    # -c is the whole KV (split across -np slots); --no-kv-unified gives each slot its own stream, as runner does;
+    # --no-repack where runner turns llama.cpp's extra weight buffers off too (a CPU with AMX: they crash there)
+    same_buffers = () if uses_extra_buffers() else ("--no-repack",)
     return [str(binary), "-m", str(model), "--alias", ALIAS, "--port", str(port), "--host", "127.0.0.1",
             "-np", str(shape.slots), "-c", str(shape.slots * shape.ctx_per_slot), "-b", str(shape.batch),
-            "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja", *extra]
+            "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja", *same_buffers, *extra]
 
 
 def serve(command: list[str], port: int) -> subprocess.Popen:
