@@ -2,8 +2,10 @@
 
     python bench/speculative.py [--target smollm2-135m-instruct:f16] [--concurrency 1 4 8] [--max-tokens 64]
 
-Workloads: free chat (open questions) and input-grounded (repeat / rewrite a given text, so the
-output copies the prompt). Modes: off (the fastest plain run: every ratio is against it); off with
+Workloads: free chat (open questions), input-grounded (repeat / rewrite a given text, so the
+output copies the prompt) and repeating (40 requests from a few templates, whose replies repeat
+across requests: what the n-gram store learns). Drafter `ngram-local`: n-grams of the request's own
+context only (`ngram` adds the store learned across requests). Modes: off (the fastest plain run: every ratio is against it); off with
 batch padding (`--batch-invariant on`: what an F16 target gives up to stay batch-invariant, for
 reference); each drafter forced on; each drafter with auto. All but the padded mode run with the
 default `--batch-invariant off`.
@@ -42,7 +44,24 @@ GROUNDED = [f"Repeat the following text exactly, word for word:\n\n{TEXT}",
             f"Copy this paragraph:\n\n{TEXT}"]
 
 
+PEOPLE = [("Alice", 31, "Lyon"), ("Bob", 42, "Leeds"), ("Chen", 27, "Taipei"), ("Dana", 55, "Austin"),
+          ("Emil", 38, "Oslo"), ("Fatima", 23, "Rabat"), ("Goran", 61, "Split"), ("Hana", 45, "Osaka")]
+FAQ = ["How do I reset my password?", "How do I change my email address?", "How do I delete my account?"]
+CODE = "def area(width, height):\n    return width * height\n"
+REPEATING = [  # what a server sees when its clients send the same kinds of requests again and again
+    *[f"Return only a JSON object with the fields name, age and city for this person: {n}, {a}, {c}."
+      for n, a, c in PEOPLE],
+    *[f"Write a short, polite customer-support answer to: {q}" for q in FAQ],
+    *[f"Add type hints and a docstring to this Python function, and show the whole function:\n\n"
+      f"{CODE.replace('area', name)}" for name in ("area", "surface", "rect_area", "size")],
+]
+
+
 def prompts(workload: str, n: int) -> list[str]:
+    """free chat and grounded: one request per client; repeating: 40 requests from a few templates
+    (JSON records, support answers, the same code edited), `n` at a time in the engine's slots."""
+    if workload == "repeating":
+        return [REPEATING[(i * 7) % len(REPEATING)] for i in range(40)]
     base = FREE if workload == "free chat" else GROUNDED
     return [base[i % len(base)] for i in range(n)]
 
@@ -89,8 +108,12 @@ class Cell:
 
 def load(target: Path, c: int, draft: str, spec: str, args: argparse.Namespace) -> Cell:
     invariant = "on" if spec == "padded" else "off"  # every ratio is against the fastest plain run
+    store_mb = EngineOptions().ngram_store_mb
+    if draft == "ngram-local":  # n-grams of the request's own context only: no store learned across requests
+        draft, store_mb = "ngram", 0
     opts = EngineOptions(parallel=c, ctx_size=1024, threads=args.threads, draft=draft,
-                         spec="off" if spec == "padded" else spec, draft_max=args.draft_max, batch_invariant=invariant)
+                         spec="off" if spec == "padded" else spec, draft_max=args.draft_max, batch_invariant=invariant,
+                         ngram_store_mb=store_mb, max_queue=64)
     cell = Cell(LoadedModel(target, opts, log=lambda _: None))
     cell.submit(TEXT_WARMUP, 8, "w")  # warm-up (and calibration for auto, outside the timing)
     cell.drain()
@@ -131,7 +154,7 @@ def main() -> None:
     args = ap.parse_args()
     target = model_path(args.target)
     for d in args.drafts:
-        if d != "ngram":
+        if d not in ("ngram", "ngram-local"):
             model_path(d)
     modes = [("off", "", "off")] + ([] if args.skip_padded else [("off padded", "", "padded")])
     modes += [(f"{d.split(':')[-1]} {m}", d, m) for d in args.drafts for m in args.spec]

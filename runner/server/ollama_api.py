@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 from typing import Any
 
@@ -65,10 +66,9 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     prompt = body.get("prompt") or ""
     if not isinstance(prompt, str):
         raise invalid("prompt must be a string", "prompt")
-    for unsupported in ("suffix", "template", "context"):
+    for unsupported in ("suffix", "context"):
         if body.get(unsupported):
-            raise invalid(f"'{unsupported}' is not supported here (the model's own template is used; send a "
-                          "conversation with /api/chat)", unsupported)
+            raise invalid(f"'{unsupported}' is not supported here (send the conversation with /api/chat)", unsupported)
     _no_images(body.get("images"), "images")
     common = _common(body, ctx_size)
     if body.get("raw"):
@@ -76,9 +76,52 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise invalid("system must be a string", "system")
+    template = body.get("template")
+    if template:
+        if not isinstance(template, str):
+            raise invalid("template must be a string", "template")
+        return CompletionParams(common=common, prompt=go_template(template, system or "", prompt))
     turns = ([Message("system", system)] if system else []) + ([Message("user", prompt)] if prompt else [])
     show_thinking, budget = _think(body.get("think"))
     return ChatParams(common=common, messages=turns, show_thinking=show_thinking, thinking_budget=budget)
+
+
+_ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
+_FIELDS = (".System", ".Prompt", ".Response")
+
+
+def go_template(template: str, system: str, prompt: str) -> str:
+    """Ollama's `template` on /api/generate, in the forms apps send: {{ .System }}, {{ .Prompt }},
+    {{ .Response }} (empty: the reply follows), {{ if .System }}...{{ else }}...{{ end }} (or
+    .Prompt), and the {{- / -}} whitespace trims. Anything else is a 400 naming it."""
+    values = {".System": system, ".Prompt": prompt, ".Response": ""}
+    out: list[str] = []
+    shown = [True]  # one entry per open if/else: whether its text is kept
+    trim_next, pos = False, 0
+    for match in _ACTION.finditer(template):
+        text = template[pos:match.start()]
+        text = text.lstrip() if trim_next else text
+        if match.group(1):
+            text = text.rstrip()
+        if all(shown):
+            out.append(text)
+        action, trim_next, pos = match.group(2), bool(match.group(3)), match.end()
+        if action in _FIELDS:
+            out.append(values[action] if all(shown) else "")
+        elif action.startswith("if ") and action[3:].strip() in _FIELDS:
+            shown.append(bool(values[action[3:].strip()]))
+        elif action == "else" and len(shown) > 1:
+            shown[-1] = not shown[-1]
+        elif action == "end" and len(shown) > 1:
+            shown.pop()
+        else:
+            raise invalid(f"template: {{{{ {action} }}}} is not supported here (only .System, .Prompt, .Response, "
+                          "and if/else/end on them)", "template")
+    if len(shown) > 1:
+        raise invalid("template: an {{ if }} has no {{ end }}", "template")
+    tail = template[pos:]
+    out.append(tail.lstrip() if trim_next else tail)
+    return "".join(out)
 
 
 def is_empty(params: ChatParams | CompletionParams) -> bool:

@@ -37,8 +37,11 @@ def details(info: GgufInfo) -> dict[str, Any]:
 
 
 def capabilities(info: GgufInfo) -> list[str]:
-    """completion always; tools where the template renders them; insert where the vocabulary has
-    fill-in-the-middle tokens; thinking where the template opens a think block."""
+    """completion (embedding instead for an embedding model: its GGUF names a pooling); tools where
+    the template renders them; insert where the vocabulary has fill-in-the-middle tokens; thinking
+    where the template opens a think block."""
+    if info.arch_value("pooling_type") is not None:  # an embedding model: what it does is embed
+        return ["embedding"]
     template = str(info.metadata.get("tokenizer.chat_template", ""))
     found = ["completion"]
     if "tools" in template:

@@ -256,13 +256,21 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def test_the_api_key_guards_the_model_endpoints(smollm2_path: Path, model_cache: Path) -> None:
+def test_the_api_key_guards_the_model_endpoints(smollm2_path: Path, gemma_path: Path, model_cache: Path) -> None:
     server = ServerProcess(SMOL, model_cache, "--no-preload", "--api-key", "k", models=(SMOL, GEMMA))
     try:
         assert server.get("/models").status_code == 401 and server.get("/v1/models").status_code == 401
         assert server.post("/models/load", json={"model": SMOL}).status_code == 401
         assert server.get("/health").json()["models"] == {}
         assert server.get("/models", headers={"Authorization": "Bearer k"}).status_code == 200
+        # Ollama's routes that change the disk: the key, and no foreign page
+        for method, path, body in (("POST", "/api/pull", {"model": GEMMA}), ("DELETE", "/api/delete", {"model": GEMMA})):
+            refused = httpx.request(method, server.url + path, json=body, timeout=30)
+            assert refused.status_code == 401 and list(refused.json()) == ["error"], refused.text
+            foreign = httpx.request(method, server.url + path, json=body, timeout=30,
+                                    headers={"Authorization": "Bearer k", "Origin": "https://evil.example"})
+            assert foreign.status_code == 403, foreign.text
+        assert gemma_path.exists()
     finally:
         server.stop()
 

@@ -87,3 +87,36 @@ def test_a_reply_cut_by_its_length_says_so() -> None:
     final = builder.whole()
     assert (final["response"], final["done_reason"], final["prompt_eval_count"], final["eval_count"]) == \
         ("abc", "length", 5, 3)
+
+
+@pytest.mark.parametrize(("template", "system", "expected"), [
+    ("{{ .System }}\n{{ .Prompt }}", "be brief", "be brief\nhi"),
+    ("{{ if .System }}<s>{{ .System }}</s>{{ end }}Q: {{ .Prompt }}\nA: {{ .Response }}", "", "Q: hi\nA: "),
+    ("{{ if .System }}<s>{{ .System }}</s>{{ else }}<none>{{ end }}{{ .Prompt }}", "x", "<s>x</s>hi"),
+    ("{{ if .System }}S{{ else }}<none>{{ end }}{{ .Prompt }}", "", "<none>hi"),
+    ("<|user|>\n  {{- .Prompt -}}  \n<|assistant|>", "", "<|user|>hi<|assistant|>"),
+])
+def test_generate_takes_a_template_in_the_forms_apps_send(template: str, system: str, expected: str) -> None:
+    params = parse_generate({"model": "m", "prompt": "hi", "system": system, "template": template}, CTX)
+    assert isinstance(params, CompletionParams) and params.prompt == expected
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("{{ range .Messages }}{{ .Content }}{{ end }}", "{{ range .Messages }} is not supported here"),
+    ("{{ if .System }}{{ .System }}", "has no {{ end }}"),
+])
+def test_a_template_beyond_those_forms_is_a_400_naming_the_construct(template: str, message: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        parse_generate({"model": "m", "prompt": "hi", "template": template}, CTX)
+    assert refused.value.status == 400 and message in refused.value.message
+
+
+def test_show_says_an_embedding_model_embeds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tiny_gguf import write_tiny_gguf
+
+    from runner.runtime.gguf_file import read_gguf
+    from runner.server.ollama_models import capabilities
+
+    embedder = read_gguf(write_tiny_gguf(tmp_path / "e.gguf", pooling_type=1))
+    chat_model = read_gguf(write_tiny_gguf(tmp_path / "c.gguf"))
+    assert capabilities(embedder) == ["embedding"] and capabilities(chat_model)[0] == "completion"
