@@ -5,6 +5,7 @@ model and server (the sources are probed in tests/runtime/test_reproducibility_s
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -46,7 +47,10 @@ def reply(server: ServerProcess, i: int, mode: tuple[dict, str, int]) -> tuple[s
 def test_replies_are_the_same_cold_cached_and_under_load(server: ServerProcess, mode: tuple[dict, str, int]) -> None:
     """Greedy, and sampled with a seed (temperature 0.8): the seed means the same draws wherever
     the request runs."""
-    n_prompts = mode[2]
+    same_three_ways(server, mode, mode[2])
+
+
+def same_three_ways(server: ServerProcess, mode: tuple[dict, str, int], n_prompts: int) -> None:
     cold, cached = [], []
     for i in range(n_prompts):  # each prompt cold, then again at once (4 slots hold 4 prompts' KV)
         cold.append(reply(server, i, mode))
@@ -57,3 +61,26 @@ def test_replies_are_the_same_cold_cached_and_under_load(server: ServerProcess, 
         loaded = list(pool.map(lambda i: reply(server, i, mode), range(n_prompts)))
     assert [text for text, _, _ in cached] == [text for text, _, _ in cold]
     assert [text for text, _, _ in loaded] == [text for text, _, _ in cold]
+
+
+# the same guarantee with drafts in the rows (each verified against the target's own logits) and on F16
+VARIANTS = {
+    "ngram drafts": ("smollm2-135m-instruct", ("--draft", "ngram", "--spec", "on")),
+    "a draft model": ("smollm2-135m-instruct", ("--draft", "smollm2-135m-instruct:q8_0", "--spec", "on")),
+    "F16": ("smollm2-135m-instruct:f16", ()),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_replies_are_the_same_with_drafts_and_on_f16(variant: str, smollm2_path: Path, model_cache: Path) -> None:
+    model, flags = VARIANTS[variant]
+    server = ServerProcess(model, model_cache, "--parallel", "4", "--ctx-size", "1024", "--batch-invariant", "on",
+                           *flags)
+    try:
+        same_three_ways(server, GREEDY, 4)
+        if flags:
+            metrics = server.get("/metrics").text
+            proposed = [line for line in metrics.splitlines() if line.startswith("runner_draft_tokens_proposed_total{")]
+            assert len(proposed) == 1 and float(proposed[0].split()[-1]) > 0  # drafts were in the rows
+    finally:
+        server.stop()
