@@ -61,6 +61,12 @@ def same_three_ways(server: ServerProcess, mode: tuple[dict, str, int], n_prompt
         loaded = list(pool.map(lambda i: reply(server, i, mode), range(n_prompts)))
     assert [text for text, _, _ in cached] == [text for text, _, _ in cold]
     assert [text for text, _, _ in loaded] == [text for text, _, _ in cold]
+    if mode is GREEDY:  # n choices fork from one computed prompt (KV copied to other slots): each the same reply
+        sampling, head, _ = mode
+        forked = server.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": prompt(0, head)}], "max_tokens": 24, "n": 3, **sampling})
+        assert forked.status_code == 200, forked.text
+        assert [c["message"]["content"] for c in forked.json()["choices"]] == [cold[0][0]] * 3
 
 
 # the same guarantee with drafts in the rows (each verified against the target's own logits) and on F16
