@@ -58,6 +58,10 @@ class EngineOptions:
     draft_max: int = _opt(4, "most tokens drafted per slot and step")
     ngram_store_mb: int = _opt(16, "with --draft ngram: MiB for n-grams learned from every request's replies, "
                                    "shared by all slots (drafts where a request's own context has none; 0: off)")
+    mmproj: str = _opt("", "a vision (or audio) projector for the model: an mmproj .gguf, a Hub reference or a "
+                           "catalog name; a catalog model names its own")
+    media_cache_mb: int = _opt(256, "MiB of encoded images kept by content: an image sent again is decoded from "
+                                    "them instead of encoded again (0: off)")
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
                          "default auto when a drafter is set", choices=("", "auto", "on", "off"))
     jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "

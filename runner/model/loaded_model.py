@@ -6,15 +6,18 @@ import contextlib
 import dataclasses
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runner.catalog.catalog import ModelRef
 from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
+from runner.core.errors import ModelLoadError
 from runner.config.options import EngineOptions, flash_attention, micro_batch_max
 from runner.model.model_facts import ModelFacts
 from runner.prompt.chat_template import (
+    IMAGE_MARK,
     ChatTemplate,
     Message,
     TemplateError,
@@ -33,6 +36,7 @@ from runner.runtime.memory_plan import MemoryPlan, layer_costs
 from runner.runtime.model_runner import ModelRunner
 from runner.sampling.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.scheduler.engine import Engine
+from runner.scheduler.request import MediaSpan, media_placeholder
 from runner.scheduler.scheduler import Scheduler
 from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.cost_model import ShapeCosts, StepCosts
@@ -40,6 +44,10 @@ from runner.speculation.drafter import make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
 from runner.speculation.ngram_store import NgramStore
 from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
+
+if TYPE_CHECKING:
+    from runner.runtime.llama import Model as LlamaModel
+    from runner.runtime.mtmd import ImageChunk, Projector
 
 CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
 
@@ -69,7 +77,12 @@ class LoadedModel:
         self.devices = list_devices() if devices is None else devices
         self.offload = plan_offload(parse_gpu_layers(self.options.n_gpu_layers), layer_costs(self.info, self.options),
                                     self.devices)
+        self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else None
         self.memory_plan = MemoryPlan.for_model(self.info, self.options, offload=self.offload)
+        if self.mmproj_path is not None:  # the projector's weights and the encoded images it keeps
+            self.memory_plan = dataclasses.replace(
+                self.memory_plan, weights_bytes=self.memory_plan.weights_bytes + read_gguf(self.mmproj_path).weights_bytes
+                + self.options.media_cache_mb * 2**20)
         self.memory_plan.check()
         log(self.memory_plan.describe())
         self.model = Model(self.path, self.offload.n_gpu_layers)
@@ -90,9 +103,10 @@ class LoadedModel:
                 n_ubatch_max=micro_batch_max(self.options),
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
+            self.projector = self._projector()
             self.facts = ModelFacts(self.model, self.template, self.options.ctx_size, self.options.parallel,
                                     self.options.max_tokens, self.info, self.memory_plan.total_bytes,
-                                    self.offload.as_json())
+                                    self.offload.as_json(), self._inputs())
         except BaseException:
             self.model.close()
             raise
@@ -110,6 +124,31 @@ class LoadedModel:
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
         self._cache_dir = store.root
+
+    def _projector(self) -> Projector | None:
+        """The model's mmproj, loaded beside it; its images decode through the runner."""
+        if self.mmproj_path is None:
+            return None
+        from runner.runtime.image_decoder import ImageDecoder  # (libmtmd is loaded only for a projector)
+        from runner.runtime.mtmd import Projector
+
+        projector = Projector(self.mmproj_path, self.model, self.options.threads,
+                              use_gpu=self.offload.n_gpu_layers != 0)
+        if projector.uses_mrope:
+            projector.close()
+            raise ModelLoadError(f"{self.mmproj_path.name} places image positions with M-RoPE (the Qwen2-VL "
+                                 "family), which runner does not do yet")
+        self.runner.images = ImageDecoder(projector, self.options.media_cache_mb * 2**20)
+        return projector
+
+    def _inputs(self) -> tuple[str, ...]:
+        p = self.projector
+        return ("text",) + (("image",) if p and p.takes_images else ()) + (("audio",) if p and p.takes_audio else ())
+
+    def image_chunk(self, data: bytes) -> ImageChunk:
+        """An image as its prompt span (MediaError when the projector cannot read it)."""
+        assert self.projector is not None
+        return self.projector.chunk(data)
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
@@ -192,30 +231,38 @@ class LoadedModel:
 
         Only the template's own text may produce special tokens: a message that spells one (a
         user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text."""
+        return self.chat_prompt(messages, tools)[0]
+
+    def chat_prompt(self, messages: list[Message], tools: list[Tool] | None = None,
+                    images: Sequence[ImageChunk] = ()) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
+        """chat_prompt_ids with images: each IMAGE_MARK in the contents becomes the next image's span
+        (placeholder ids; the spans say where). TemplateError if the marks and images disagree."""
+        prompt = PromptWithImages(self.model, images)
         if any(s in m.content for m in messages for s in self.model.special_texts):
-            return self._chat_prompt_ids_with_plain_contents(messages, tools)
-        text = self.template.render(messages, tools=tools)
-        return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
+            self._chat_prompt_ids_with_plain_contents(messages, tools, prompt)
+        else:
+            text = self.template.render(messages, tools=tools)
+            prompt.add(text, add_special=self._adds_bos(text), parse_special=True)
+        return prompt.finish()
 
     def _adds_bos(self, text: str) -> bool:
         bos = self.template.bos_token
         return not (bos and text.startswith(bos))
 
-    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message],
-                                             tools: list[Tool] | None = None) -> tuple[int, ...]:
+    def _chat_prompt_ids_with_plain_contents(self, messages: list[Message], tools: list[Tool] | None,
+                                             prompt: PromptWithImages) -> None:
         """The template rendered around placeholders; its text parsed for specials, contents not.
 
         NOTE: a template that rewrites contents (strip, split) sees the placeholders instead."""
         marked = self.template.render([dataclasses.replace(m, content=f"{CONTENT_MARK}{i}{CONTENT_MARK}")
                                        for i, m in enumerate(messages)], tools=tools)
         parts = marked.split(CONTENT_MARK)  # template text, content index, template text, ...
-        ids = self.model.tokenize("", add_special=self._adds_bos(marked), parse_special=True)  # BOS, if any
+        prompt.add("", add_special=self._adds_bos(marked), parse_special=True)  # BOS, if any
         for j, part in enumerate(parts):
             if j % 2:
-                ids += self.model.tokenize(messages[int(part)].content, add_special=False, parse_special=False)
+                prompt.add(messages[int(part)].content, add_special=False, parse_special=False)
             elif part:
-                ids += self.model.tokenize(part, add_special=False, parse_special=True)
-        return tuple(ids)
+                prompt.add(part, add_special=False, parse_special=True)
 
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
@@ -241,9 +288,48 @@ class LoadedModel:
             draft_context.set_threads(n_threads)
 
     def close(self) -> None:
+        if self.projector is not None:
+            self.projector.close()
         if self._embedder is not None:
             self._embedder.close()
         if self.speculator is not None:
             self.speculator.drafter.close()  # the draft before the target
         self.runner.close()
         self.model.close()
+
+
+class PromptWithImages:
+    """Token ids built piece by piece; each IMAGE_MARK in a piece is the next image's span."""
+
+    def __init__(self, model: LlamaModel, images: Sequence[ImageChunk]) -> None:
+        self._model = model
+        self._images = list(images)
+        self._ids: list[int] = []
+        self._spans: list[MediaSpan] = []
+
+    def add(self, text: str, add_special: bool, parse_special: bool) -> None:
+        pieces = text.split(IMAGE_MARK) if self._images else [text]
+        for i, piece in enumerate(pieces):
+            if i:
+                self._add_image()
+            if piece or (i == 0 and add_special):
+                self._ids += self._model.tokenize(piece, add_special=add_special and i == 0,
+                                                  parse_special=parse_special)
+
+    def _add_image(self) -> None:
+        n_placed = len(self._spans)
+        if n_placed >= len(self._images):
+            raise TemplateError(f"the prompt marks more images than the request has ({len(self._images)})")
+        image = self._images[n_placed]
+        self._ids += image.before
+        self._spans.append(MediaSpan(len(self._ids), image.n_tokens, image.key, image))
+        self._ids += [media_placeholder(image.key)] * image.n_tokens
+        self._ids += image.after
+
+    def finish(self) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
+        if len(self._spans) != len(self._images):
+            raise TemplateError(f"the chat template kept {len(self._spans)} of the request's {len(self._images)} "
+                                "images")
+        if self._spans and self._spans[-1].end >= len(self._ids):
+            raise TemplateError("the prompt may not end with an image: text must follow it")
+        return tuple(self._ids), tuple(self._spans)

@@ -21,8 +21,9 @@ class TokenIdError(ValueError):
 class ModelFacts:
     def __init__(self, model: Model, template: ChatTemplate, ctx_size: int, n_slots: int,
                  default_max_tokens: int, gguf: GgufInfo | None = None, memory_bytes: int = 0,
-                 placement: dict[str, object] | None = None) -> None:
+                 placement: dict[str, object] | None = None, inputs: tuple[str, ...] = ("text",)) -> None:
         self._model = model
+        self.inputs = inputs  # what a prompt may hold: text, and image or audio where a projector takes them
         self.gguf = gguf  # the file's header (what Ollama's API describes a model by)
         self.memory_bytes = memory_bytes  # its memory plan's total
         self.placement = placement or {}  # where its layers are (gpu_fit.Offload.as_json)
@@ -33,6 +34,10 @@ class ModelFacts:
         self.default_max_tokens = default_max_tokens
         self.stop = template.stop  # the template's own stop strings (chat replies)
         self.tool_syntax = syntax_of(template.source) if template.knows_tools else HERMES
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in self.inputs
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._model.token_bytes(token_id)

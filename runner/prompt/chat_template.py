@@ -85,6 +85,9 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+IMAGE_MARK = "\ue001"  # where an image goes in a message's content (a private-use character; see LoadedModel.chat_prompt)
+
+
 @dataclass(frozen=True)
 class Message:
     role: str

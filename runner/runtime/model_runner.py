@@ -8,13 +8,16 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from runner.runtime.llama import Batch, Context, ContextShape, Model, in_scratch_thread
 from runner.runtime.micro_batches import Padding, pad
 from runner.runtime.micro_batches import Row as MicroRow
+
+if TYPE_CHECKING:
+    from runner.runtime.image_decoder import ImageDecoder
 
 TRACE_BUFFER_BYTES = 1 << 16
 TRACE_FLUSH_S = 0.05  # the trace reaches its file at least this often while the runner decodes
@@ -51,6 +54,7 @@ class ModelRunner:
         if not may_pad:  # (the probe above has done it)
             in_scratch_thread(lambda: warm_up(self.context, self._batch))
         self.n_padding_tokens = 0  # junk tokens decoded to keep batches invariant
+        self.images: ImageDecoder | None = None  # a vision model's projector (set by whoever loads it)
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -112,6 +116,12 @@ class ModelRunner:
                 offsets = sorted(set(offsets).union(padding.extra_logits[i]))
             traced.append([row.seq_id, tokens, row.first_pos, offsets])
         return traced
+
+    def decode_media(self, seq_id: int, first_pos: int, item: object) -> None:
+        """An image span into a sequence's KV (its own decode: embeddings cannot share a token batch)."""
+        if self.images is None:
+            raise RuntimeError("this model has no projector: it cannot take images")
+        self.images.decode(self.context, item, seq_id, first_pos)  # type: ignore[arg-type]
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         if self._trace:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from runner.sampling.sampler import Distribution
+from runner.scheduler.request import MediaSpan
 from runner.scheduler.slots import Slot
 
 
@@ -49,9 +50,26 @@ class BatchRow:
         self.n_logits = 1 + len(draft_ids)
 
 
+@dataclass(frozen=True)
+class MediaRow:
+    """An image span decoded into its slot's KV this step, before the token rows (its own decode)."""
+
+    slot: Slot
+    span: MediaSpan
+
+    @property
+    def seq_id(self) -> int:
+        return self.slot.id
+
+    @property
+    def first_pos(self) -> int:
+        return self.span.start
+
+
 @dataclass
 class BatchPlan:
     rows: list[BatchRow] = field(default_factory=list)
+    media: MediaRow | None = None  # at most one image per step: its encode and decode stall the others
     # the rows whose request follows a grammar (jump-forward and mask prefetch look at these alone;
     # almost always none, and then neither costs a pass over the rows)
     constrained: list[BatchRow] = field(default_factory=list)
@@ -67,4 +85,4 @@ class BatchPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.rows
+        return not self.rows and self.media is None

@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 
-from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.batch import BatchPlan, BatchRow, MediaRow
 from runner.scheduler.beam import BeamSearch
 from runner.scheduler.draft_stage import DraftStage, compose
 from runner.scheduler.engine_stats import EngineStats
@@ -26,6 +26,7 @@ class Runtime(Protocol):
 
     def decode(self, rows: list[BatchRow]) -> list[np.ndarray]: ...  # each row's logits rows, in row order
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
+    def decode_media(self, seq_id: int, first_pos: int, item: object) -> None: ...  # an image span into a KV
 
 
 class Vocab(Protocol):
@@ -119,6 +120,10 @@ class Engine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return 0
+        if plan.media is not None:
+            self._decode_media(plan.media)
+            if not plan.rows:
+                return plan.media.span.n_tokens
         self.drafts.propose(plan)
         logits, decode_s = self._decode(plan)
         if logits is None:  # the decode failed: the plan's requests ended with its error
@@ -127,6 +132,17 @@ class Engine:
         self.stats.record(plan, decode_s)
         self.drafts.learn(plan, self.clock() - started)
         return plan.n_tokens
+
+    def _decode_media(self, row: MediaRow) -> None:
+        """The step's image: encoded (unless cached) and decoded into its slot's KV, its own decode.
+        A failure ends that request only."""
+        try:
+            self.runtime.decode_media(row.seq_id, row.first_pos, row.span.item)
+        except (RuntimeError, ValueError) as exc:
+            self.scheduler.fail_media(row, str(exc))
+            return
+        self.scheduler.take_media(row)
+        self.stats.record_media(row)
 
     def _decode(self, plan: BatchPlan) -> tuple[list[np.ndarray] | None, float]:
         """The plan's one llama_decode: each row's logits (None where it failed: then the plan's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.scheduler.batch import BatchPlan
+from runner.scheduler.batch import BatchPlan, MediaRow
 from runner.scheduler.step_times import StepTimes
 
 
@@ -17,7 +17,15 @@ class EngineStats:
     n_steps: int = 0
     decode_s: float = 0.0
     n_forced_tokens: int = 0  # put in rows by jump-forward (constrained requests)
+    n_media: int = 0  # image spans decoded into a KV (each its own decode)
     step_times: StepTimes = field(default_factory=StepTimes)  # the scheduler's: it plans prefills by them
+
+    def record_media(self, row: MediaRow) -> None:
+        """An image span went into its slot's KV (its positions count as computed prompt)."""
+        self.n_media += 1
+        self.n_prompt_tokens += row.span.n_tokens
+        if row.first_pos == row.slot.n_prompt_reused:  # the request's first computed part
+            self.n_cached_prompt_tokens += row.slot.n_prompt_reused
 
     def record(self, plan: BatchPlan, decode_s: float) -> None:
         """Count a step whose rows were decoded (in decode_s) and sampled: one pass over its rows."""

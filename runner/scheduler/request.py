@@ -27,6 +27,28 @@ class BeamParams:
 
 
 @dataclass(frozen=True)
+class MediaSpan:
+    """An image's positions in a prompt: decoded from its embeddings, not from tokens.
+
+    prompt_ids hold `media_placeholder(key)` at each of them, so the prefix cache compares images
+    by content (equal key and length: equal KV)."""
+
+    start: int
+    n_tokens: int
+    key: str
+    item: object  # the runtime's handle (runtime/mtmd.ImageChunk); the step loop only passes it on
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n_tokens
+
+
+def media_placeholder(key: str) -> int:
+    """The id an image's positions hold in prompt_ids: negative (no vocabulary has it), one per content."""
+    return -1 - int.from_bytes(key.encode()[:16].ljust(16, b"\0"), "big") % (2**31 - 2)
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
@@ -41,6 +63,15 @@ class GenerationRequest:
     # own logits; the prompt is then computed whole, never taken from the prefix cache. None: no
     prompt_logprobs: int | None = None
     beam: BeamParams | None = None  # this request is one beam of a beam search (the group's other requests are the others)
+    media: tuple[MediaSpan, ...] = ()  # the prompt's images, in order (never at its very end)
+
+    def next_media(self, pos: int) -> MediaSpan | None:
+        """The first image span that starts at or after prompt position pos."""
+        return next((span for span in self.media if span.start >= pos), None)
+
+    def media_start_before(self, pos: int) -> int:
+        """pos, or the start of the image span that pos falls inside (KV is kept by whole images)."""
+        return next((span.start for span in self.media if span.start < pos < span.end), pos)
 
 
 @dataclass(frozen=True)

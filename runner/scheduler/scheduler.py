@@ -14,9 +14,9 @@ import numpy as np
 
 from runner.core.errors import RunnerError
 from runner.sampling.constraints import prefetch_masks
-from runner.scheduler.batch import BatchPlan, BatchRow, RowKind
+from runner.scheduler.batch import BatchPlan, BatchRow, MediaRow, RowKind
 from runner.scheduler.group import Group
-from runner.scheduler.request import FinishReason
+from runner.scheduler.request import FinishReason, media_placeholder
 from runner.scheduler.sequence import Sequence
 from runner.scheduler.slots import Placement, Slot, SlotPool, SlotState
 from runner.scheduler.step_times import StepTimes
@@ -129,7 +129,14 @@ class Scheduler:
         for slot in self._prefill_slots(budget):
             seq = slot.seq
             assert seq is not None
+            span = seq.request.next_media(slot.n_cached)
+            if span is not None and span.start == slot.n_cached:  # an image is next: its own decode
+                if plan.media is None:
+                    plan.media = MediaRow(slot, span)
+                continue
             n_chunk = min(slot.n_prompt_left, budget)
+            if span is not None:  # text up to the next image
+                n_chunk = min(n_chunk, span.start - slot.n_cached)
             chunk = list(seq.prompt_ids[slot.n_cached : slot.n_cached + n_chunk])
             is_last = n_chunk == slot.n_prompt_left
             # each position's logits predict the next prompt token (the last one's: the reply's first)
@@ -188,6 +195,13 @@ class Scheduler:
                 self._advance(group)
             except Exception as exc:  # noqa: BLE001
                 self._drop(self.pool.slots[group.slot_ids[0]], f"internal error: {type(exc).__name__}: {exc}")
+
+    def take_media(self, row: MediaRow) -> None:
+        """The image's span is in its slot's KV."""
+        row.slot.append([media_placeholder(row.span.key)] * row.span.n_tokens)
+
+    def fail_media(self, row: MediaRow, message: str) -> None:
+        self._drop(row.slot, message)
 
     @staticmethod
     def _prefetch_masks(constrained: list[BatchRow]) -> None:
@@ -302,7 +316,7 @@ class Scheduler:
         place = self.pool.place(seq.prompt_ids)
         if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
             place = Placement(place.slot, 0)
-        slot, n_keep = place.slot, place.n_keep
+        slot, n_keep = place.slot, seq.request.media_start_before(place.n_keep)
         if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
             self._kv.kv_copy_all(place.copy_from.id, slot.id)
             if self.on_kv_copy is not None:

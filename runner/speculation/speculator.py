@@ -130,7 +130,9 @@ class Speculator:
             return
         generating = [r for r in plan.rows if r.slot.state is SlotState.GENERATING and r.slot.seq is not None]
         self._generating = [(r.slot.id, r.slot.seq) for r in generating]  # (learn() shows them to the drafter)
-        rows = [r for r in generating if r.slot.seq.request.speculate]
+        # a drafting model reads tokens: it cannot follow a prompt with images in it
+        rows = [r for r in generating if r.slot.seq.request.speculate
+                and (self.drafter.is_free or not r.slot.seq.request.media)]
         room = n_batch - plan.n_tokens
         caps = {}
         for row in rows:
@@ -149,6 +151,8 @@ class Speculator:
         if self.drafter.is_free:  # propose everything, then keep what pays
             jobs = self._jobs(rows, caps)
             self.drafter.propose(jobs)
+            for job in jobs:  # a proposal never reaches into an image's positions
+                _cut_at_media(job)
             found = {j.slot_id: len(j.draft_ids) for j in jobs}
             for job in jobs:
                 self.slots[job.slot_id].kind = job.kind
@@ -345,3 +349,10 @@ class Speculator:
         once_s = costs.step_s(drafted, ks, backlog) - costs.step_s(drafted, ks, steady)
         remaining = sum(r.slot.seq.n_tokens_left for r in rows if r.slot.seq is not None)
         return remaining * (plain_s_per_token - drafting_s_per_token) > once_s
+
+
+def _cut_at_media(job: DraftJob) -> None:
+    """Drafts end before the first image placeholder a context lookup may have copied (ids < 0)."""
+    cut = next((i for i, t in enumerate(job.draft_ids) if t < 0), None)
+    if cut is not None:
+        job.draft_ids, job.draft_dists = job.draft_ids[:cut], job.draft_dists[:cut]

@@ -1,0 +1,148 @@
+"""The one module that imports llama.cpp's libmtmd: a vision (or audio) projector beside a text model.
+
+An image becomes an `ImageChunk`: the text tokens the projector wants around it (a model's
+<start_of_image> and the like) and the image's own span, n_tokens positions that are decoded from
+the projector's embeddings rather than from tokens. Encoding (the vision encoder) and decoding
+(its rows into one KV sequence) run on the engine's thread, one image per step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from llama_cpp import llama_cpp as _lc
+from llama_cpp import mtmd_cpp as _mtmd
+
+from runner.core.errors import ModelLoadError
+from runner.runtime.llama import Context, Model, init_backend, recent_log
+
+CHUNK_TEXT, CHUNK_IMAGE, CHUNK_AUDIO = 0, 1, 2
+_NO_CALLBACK = _mtmd.mtmd_helper_post_decode_callback()
+
+
+class MediaError(ValueError):
+    """An input the projector cannot take (undecodable, not an image): the request's fault."""
+
+
+@dataclass(frozen=True)
+class ImageChunk:
+    """One image as the prompt holds it: tokens before, the span, tokens after."""
+
+    key: str  # the content's SHA-256 (libmtmd's id): equal images are equal spans
+    n_tokens: int  # positions the span takes in the KV (and in the prompt)
+    n_pos: int  # how far positions advance (M-RoPE models: not the token count)
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    handle: _ChunkHandle
+
+
+class _ChunkHandle:
+    """Owns one libmtmd chunk (freed with the last reference)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+        weakref.finalize(self, _mtmd.mtmd_input_chunk_free, ptr)
+
+
+class Projector:
+    """A model's mmproj: what it takes, turning image bytes into chunks, encoding, decoding."""
+
+    def __init__(self, path: Path, model: Model, n_threads: int, use_gpu: bool = False) -> None:
+        init_backend()
+        params = _mtmd.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.warmup = False
+        params.print_timings = False
+        self.path = Path(path)
+        self._ptr = _mtmd.mtmd_init_from_file(str(path).encode(), model._ptr, params)
+        if not self._ptr:
+            raise ModelLoadError(f"llama.cpp could not load the projector {path} for this model: "
+                                 f"{recent_log(3) or 'unknown error'}")
+        self.takes_images = bool(_mtmd.mtmd_support_vision(self._ptr))
+        self.takes_audio = bool(_mtmd.mtmd_support_audio(self._ptr))
+        self.uses_mrope = bool(_mtmd.mtmd_decode_use_mrope(self._ptr))
+        self.n_embd = _lc.llama_model_n_embd_inp(model._ptr)
+        self._marker = _mtmd.mtmd_get_marker(self._ptr) or _mtmd.mtmd_default_marker()
+        self._lock = threading.Lock()  # one libmtmd call at a time (chunks are made on request threads)
+        self.n_encodes = 0  # images run through the encoder (tests count them)
+
+    def chunk(self, data: bytes) -> ImageChunk:
+        """The image (png, jpeg, gif, bmp...) as a prompt span; MediaError if libmtmd cannot read it."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with self._lock:
+            bitmap = _mtmd.mtmd_helper_bitmap_init_from_buf(self._ptr, buf, len(data), False)
+            if not bitmap:
+                raise MediaError("the image could not be decoded (png, jpeg, gif, bmp and webp are read)")
+            try:
+                return self._tokenize(bitmap)
+            finally:
+                _mtmd.mtmd_bitmap_free(bitmap)
+
+    def _tokenize(self, bitmap: int) -> ImageChunk:
+        chunks = _mtmd.mtmd_input_chunks_init()
+        try:
+            text = _mtmd.mtmd_input_text()
+            text.text, text.text_len, text.add_special, text.parse_special = (self._marker, len(self._marker),
+                                                                              False, True)
+            bitmaps = (_mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            rc = _mtmd.mtmd_tokenize(self._ptr, chunks, ctypes.byref(text), bitmaps, 1)
+            if rc != 0:
+                raise MediaError(f"the image could not be prepared for this projector (libmtmd code {rc})")
+            before: list[int] = []
+            after: list[int] = []
+            media = None
+            for i in range(_mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = _mtmd.mtmd_input_chunks_get(chunks, i)
+                if _mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
+                    (after if media is not None else before).extend(_text_tokens(chunk))
+                elif media is None:
+                    media = chunk
+            if media is None:
+                raise MediaError("the projector made no image span of this image")
+            key = (_mtmd.mtmd_input_chunk_get_id(media) or b"").decode()
+            handle = _ChunkHandle(_mtmd.mtmd_input_chunk_copy(media))
+            return ImageChunk(key, int(_mtmd.mtmd_input_chunk_get_n_tokens(media)),
+                              int(_mtmd.mtmd_input_chunk_get_n_pos(media)), tuple(before), tuple(after), handle)
+        finally:
+            _mtmd.mtmd_input_chunks_free(chunks)
+
+    def encode(self, image: ImageChunk) -> np.ndarray:
+        """The image's embeddings, (n_tokens, n_embd) float32, owned by the caller."""
+        with self._lock:
+            rc = _mtmd.mtmd_encode_chunk(self._ptr, image.handle.ptr)
+            if rc != 0:
+                raise RuntimeError(f"the projector failed to encode an image (code {rc}): {recent_log(2)}")
+            self.n_encodes += 1
+            out = _mtmd.mtmd_get_output_embd(self._ptr)
+            return np.ctypeslib.as_array(out, shape=(image.n_tokens * self.n_embd,)).reshape(
+                image.n_tokens, self.n_embd).copy()
+
+    def decode(self, context: Context, image: ImageChunk, embeddings: np.ndarray, seq_id: int, first_pos: int) -> int:
+        """Decode the image's embeddings into one KV sequence from first_pos (non-causal spans as the
+        projector asks, in the context's micro-batches); returns the next free position."""
+        embd = np.ascontiguousarray(embeddings, dtype=np.float32)
+        new_pos = _lc.llama_pos(0)
+        with self._lock:
+            rc = _mtmd.mtmd_helper_decode_image_chunk(
+                self._ptr, context._ptr, image.handle.ptr, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                first_pos, seq_id, context.shape.n_ubatch, ctypes.byref(new_pos), _NO_CALLBACK, None)
+        if rc != 0:
+            raise RuntimeError(f"decoding an image into the KV failed (code {rc}): {recent_log(2)}")
+        return int(new_pos.value)
+
+    def close(self) -> None:
+        if self._ptr:
+            _mtmd.mtmd_free(self._ptr)
+            self._ptr = None
+
+
+def _text_tokens(chunk: int) -> list[int]:
+    n = ctypes.c_size_t(0)
+    ptr = _mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+    return [int(ptr[i]) for i in range(n.value)]
