@@ -299,28 +299,32 @@ class LoadedModel:
 
 
 class PromptWithImages:
-    """Token ids built piece by piece; each IMAGE_MARK in a piece is the next image's span."""
+    """Token ids built piece by piece; each image mark in a piece (`image_mark(i)`) is image i's span."""
 
     def __init__(self, model: LlamaModel, images: Sequence[ImageChunk]) -> None:
         self._model = model
         self._images = list(images)
         self._ids: list[int] = []
         self._spans: list[MediaSpan] = []
+        self._placed: set[int] = set()
 
     def add(self, text: str, add_special: bool, parse_special: bool) -> None:
-        pieces = text.split(IMAGE_MARK) if self._images else [text]
+        pieces = text.split(IMAGE_MARK) if self._images else [text]  # text, image index, text, ...
+        if len(pieces) % 2 == 0:
+            raise TemplateError("a message holds a stray image mark (U+E001)")
         for i, piece in enumerate(pieces):
-            if i:
-                self._add_image()
-            if piece or (i == 0 and add_special):
+            if i % 2:
+                self._add_image(piece)
+            elif piece or (i == 0 and add_special):
                 self._ids += self._model.tokenize(piece, add_special=add_special and i == 0,
                                                   parse_special=parse_special)
 
-    def _add_image(self) -> None:
-        n_placed = len(self._spans)
-        if n_placed >= len(self._images):
-            raise TemplateError(f"the prompt marks more images than the request has ({len(self._images)})")
-        image = self._images[n_placed]
+    def _add_image(self, index_text: str) -> None:
+        index = int(index_text) if index_text.isdigit() else -1
+        if not 0 <= index < len(self._images) or index in self._placed:
+            raise TemplateError("a message holds a stray image mark (U+E001)")
+        self._placed.add(index)
+        image = self._images[index]
         self._ids += image.before
         self._spans.append(MediaSpan(len(self._ids), image.n_tokens, image.key, image))
         self._ids += [media_placeholder(image.key)] * image.n_tokens

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from runner.sampling.constraints import AnyConstraint
 from runner.sampling.params import SamplingParams
-from runner.scheduler.request import BeamParams, GenerationRequest
+from runner.scheduler.request import BeamParams, GenerationRequest, MediaSpan
 
 
 def new_request_id(prefix: str) -> str:
@@ -25,7 +25,7 @@ def reply_length(max_tokens: int | None, default: int, room: int) -> int:
 def generation_request(
     request_id: str, prompt_ids: tuple[int, ...], sampling: SamplingParams, max_tokens: int, stop: tuple[str, ...] = (),
     constraint: AnyConstraint | None = None, n_top_logprobs: int | None = None, ignore_eos: bool = False,
-    prompt_logprobs: int | None = None, beam: BeamParams | None = None,
+    prompt_logprobs: int | None = None, beam: BeamParams | None = None, media: tuple[MediaSpan, ...] = (),
 ) -> GenerationRequest:
     return GenerationRequest(
         request_id=request_id,
@@ -39,6 +39,7 @@ def generation_request(
         prompt_logprobs=prompt_logprobs,
         beam=beam,
         speculate=beam is None,  # beams rank by the model's own logprobs, step by step
+        media=media,
     )
 
 

@@ -85,7 +85,12 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
-IMAGE_MARK = "\ue001"  # where an image goes in a message's content (a private-use character; see LoadedModel.chat_prompt)
+IMAGE_MARK = "\ue001"  # around an image's index where it goes in a message's content (private use; LoadedModel.chat_prompt)
+
+
+def image_mark(index: int) -> str:
+    """The text that stands for the request's index-th image in a message's content."""
+    return f"{IMAGE_MARK}{index}{IMAGE_MARK}"
 
 
 @dataclass(frozen=True)

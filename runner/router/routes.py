@@ -96,7 +96,9 @@ async def v1_models(state: RouterState, request: Request) -> Response:
     """OpenAI's list, every servable id, each with its state (an extension: status.value)."""
     check_key(state.api_key, request)
     data = [{"id": model_id, "object": "model", "created": state.created, "owned_by": "runner",
-             "status": {"value": s.state.value}}
+             "status": {"value": s.state.value},
+             # (a projector is told from its options: the loaded model's own /v1/models asks libmtmd)
+             "inputs": ["text", "image"] if s.model.options.mmproj else ["text"]}
             for s in state.pool.statuses() for model_id in s.model.ids]
     return JSONResponse({"object": "list", "data": data})
 

@@ -43,6 +43,11 @@ def _log_to_ring(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         print(line, end="", flush=True)
 
 
+def log_callback() -> Any:
+    """The callback that keeps llama.cpp's lines in the ring (libmtmd's logs go there too)."""
+    return _log_to_ring
+
+
 def init_backend() -> None:
     """Initialise llama.cpp once per process and route its log into a ring buffer."""
     global _backend_ready

@@ -19,7 +19,7 @@ from llama_cpp import llama_cpp as _lc
 from llama_cpp import mtmd_cpp as _mtmd
 
 from runner.core.errors import ModelLoadError
-from runner.runtime.llama import Context, Model, init_backend, recent_log
+from runner.runtime.llama import Context, Model, init_backend, log_callback, recent_log
 
 CHUNK_TEXT, CHUNK_IMAGE, CHUNK_AUDIO = 0, 1, 2
 _NO_CALLBACK = _mtmd.mtmd_helper_post_decode_callback()
@@ -54,6 +54,7 @@ class Projector:
 
     def __init__(self, path: Path, model: Model, n_threads: int, use_gpu: bool = False) -> None:
         init_backend()
+        _route_log()
         params = _mtmd.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.n_threads = n_threads
@@ -146,3 +147,9 @@ def _text_tokens(chunk: int) -> list[int]:
     n = ctypes.c_size_t(0)
     ptr = _mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
     return [int(ptr[i]) for i in range(n.value)]
+
+
+def _route_log() -> None:
+    """libmtmd logs on its own (to stderr): into llama.py's ring of recent lines, as llama.cpp's."""
+    _mtmd.mtmd_log_set(log_callback(), ctypes.c_void_p(0))
+    _mtmd.mtmd_helper_log_set(log_callback(), ctypes.c_void_p(0))

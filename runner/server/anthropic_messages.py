@@ -17,6 +17,7 @@ from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server import request_fields
 from runner.server.errors import ApiError, invalid
+from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.replies import read_reply
@@ -49,7 +50,7 @@ def _text_of(value: Any, where: str) -> str:
     raise invalid(f"{where} must be a string or a list of text blocks", where)
 
 
-def _turns(index: int, message: Any) -> list[Message]:
+def _turns(index: int, message: Any, images: ImageParts) -> list[Message]:
     """One Anthropic message as chat turns: tool results become tool turns, tool uses calls; a
     system message (Claude Code sends them mid-conversation) joins the system text; earlier
     thinking blocks are left out (templates drop a past turn's reasoning)."""
@@ -77,12 +78,24 @@ def _turns(index: int, message: Any) -> list[Message]:
                                    tool_call_id=block["tool_use_id"]))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
+        elif kind == "image":
+            texts.append(_image(block.get("source"), f"{where}.content.{j}", images))
         else:
             raise invalid(f"{where}.content.{j}: unsupported content block type {json.dumps(kind)}", where)
     turns = results
     if texts or calls or not results:
         turns = turns + [Message(role, "".join(texts), tuple(calls))]
     return turns
+
+
+def _image(source: Any, where: str, images: ImageParts) -> str:
+    """An image block's source (base64, or a url: a data URI) as a content mark."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        return images.add_base64(source.get("data"), where)
+    if kind == "url":
+        return images.add_url(source.get("url"), where)
+    raise invalid(f"{where}: an image's source is {{type: base64, media_type, data}} or {{type: url, url}}", where)
 
 
 def _tools(value: Any) -> tuple[tuple[Tool, ...], tuple[str, ...]]:
@@ -154,7 +167,8 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages: a non-empty list of messages is required", "messages")
-    turns = [turn for i, m in enumerate(messages) for turn in _turns(i, m)]
+    images = ImageParts()
+    turns = [turn for i, m in enumerate(messages) for turn in _turns(i, m, images)]
     system = body.get("system")
     if system is not None:
         turns.insert(0, Message("system", _text_of(system, "system")))
@@ -174,6 +188,7 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
                           stop=tuple(s for s in stop if s), stream=stream)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+                      images=tuple(images.images),
                       ignored_tools=ignored, show_thinking=show_thinking, thinking_budget=budget)
 
 

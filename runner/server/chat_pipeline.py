@@ -32,9 +32,10 @@ from runner.sampling.constraints import (
     LazyConstraint,
     ReasoningGate,
 )
-from runner.scheduler.request import GenerationRequest
+from runner.scheduler.request import GenerationRequest, MediaSpan
 from runner.scheduler.scheduler import PromptTooLongError
 from runner.server.errors import ApiError, invalid
+from runner.server.images import ImageInput
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import CLOSE as REASONING_CLOSE
 from runner.server.reasoning import OPEN as REASONING_OPEN
@@ -67,10 +68,10 @@ class CompletionRequest:
 async def chat_request(state: ServerState, params: ChatParams, prefix: str) -> ChatRequest:
     """Template and tokenize the messages (with the tools), compile the reply's grammar."""
     check_n(state, params.common.n)
-    prompt_ids, tools, reading, common = await _chat_prompt(state, params, prefix)
+    prompt_ids, media, tools, reading, common = await _chat_prompt(state, params, prefix)
     reasoning = reasoning_splitter(state, prompt_ids)
     constraints = [await _chat_constraint(state, params, common, reading, reasoning) for _ in range(common.n)]
-    first = _generation_request(state, prefix, prompt_ids, common, state.facts.stop, constraints[0])
+    first = _generation_request(state, prefix, prompt_ids, common, state.facts.stop, constraints[0], media=media)
     return ChatRequest(choice_requests(first, constraints), common, reading)
 
 
@@ -81,13 +82,14 @@ async def count_chat_tokens(state: ServerState, params: ChatParams, prefix: str)
 
 
 async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
-                       ) -> tuple[tuple[int, ...], list, ToolReading | None, CommonParams]:
-    """The prompt's ids, the tools offered, how calls are read back, and the parameters with the
-    tools' grammar (a call once the reply starts one, or at once when one is required)."""
+                       ) -> tuple[tuple[int, ...], tuple[MediaSpan, ...], list, ToolReading | None, CommonParams]:
+    """The prompt's ids and image spans, the tools offered, how calls are read back, and the parameters
+    with the tools' grammar (a call once the reply starts one, or at once when one is required)."""
     check_fits(state, sum(len(m.content) for m in params.messages), _prompt_param(prefix))
     tools = list(params.tools) if params.tool_choice != "none" else []
+    images = await _image_chunks(state, params.images)
     try:
-        prompt_ids = await run_in_threadpool(state.loaded.chat_prompt_ids, params.messages, tools or None)
+        prompt_ids, media = await run_in_threadpool(state.loaded.chat_prompt, params.messages, tools or None, images)
     except TemplateLimitError as exc:  # the model's template, not the request, is at fault
         raise ApiError(500, str(exc), "server_error", code="template_limit") from None
     except TemplateError as exc:
@@ -99,7 +101,24 @@ async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
         offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
         grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
         common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
-    return prompt_ids, tools, reading, common
+    return prompt_ids, media, tools, reading, common
+
+
+async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> list:
+    """The request's images as the model's spans (400 naming the part: a model without images, an
+    image the projector cannot read)."""
+    if not images:
+        return []
+    if not state.facts.takes_images:
+        raise invalid(f"{images[0].where}: this model takes no images (start it with --mmproj, or choose a "
+                      "vision model)", images[0].where, "model_takes_no_images")
+    chunks = []
+    for image in images:
+        try:
+            chunks.append(await run_in_threadpool(state.loaded.image_chunk, image.data))
+        except ValueError as exc:  # (runtime.mtmd.MediaError)
+            raise invalid(f"{image.where}: {exc}", image.where, "invalid_image") from None
+    return chunks
 
 
 async def _chat_constraint(state: ServerState, params: ChatParams, common: CommonParams, reading: ToolReading | None,
@@ -195,12 +214,12 @@ def reasoning_splitter(state: ServerState, prompt_ids: tuple[int, ...]) -> Reaso
 
 def _generation_request(
     state: ServerState, prefix: str, prompt_ids: tuple[int, ...], common: CommonParams, extra_stop: tuple[str, ...],
-    constraint: AnyConstraint | None = None, prompt_logprobs: int | None = None,
+    constraint: AnyConstraint | None = None, prompt_logprobs: int | None = None, media: tuple[MediaSpan, ...] = (),
 ) -> GenerationRequest:
     """The first choice's request, after the one check that its prompt fits a slot."""
     facts = state.facts
     try:
-        facts.check_token_ids(prompt_ids)
+        facts.check_token_ids([t for t in prompt_ids if t >= 0] if media else prompt_ids)  # (images: placeholders)
     except TokenIdError as exc:
         raise invalid(f"prompt {exc}", "prompt") from None
     try:
@@ -210,11 +229,12 @@ def _generation_request(
     try:
         facts.check_prompt(len(prompt_ids))
     except PromptTooLongError as exc:
-        raise invalid(str(exc), _prompt_param(prefix), "context_length_exceeded") from None
+        of_images = (f" ({sum(s.n_tokens for s in media)} of them for its {len(media)} image(s))" if media else "")
+        raise invalid(f"{exc}{of_images}", _prompt_param(prefix), "context_length_exceeded") from None
     max_tokens = reply_length(common.max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
     return generation_request(new_request_id(prefix), prompt_ids, common.sampling, max_tokens,
                               common.stop + extra_stop, constraint, common.n_top_logprobs, common.ignore_eos,
-                              prompt_logprobs, common.beam)
+                              prompt_logprobs, common.beam, media)
 
 
 async def embedding_ids(state: ServerState, texts: list[str], param: str = "input") -> list[list[int]]:

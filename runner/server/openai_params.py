@@ -14,6 +14,7 @@ from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import BeamParams
 from runner.server.errors import invalid
+from runner.server.images import ImageParts
 from runner.server.params import (
     ChatParams,
     CommonParams,
@@ -199,19 +200,27 @@ def _beam(body: dict, common: CommonParams) -> BeamParams | None:
     return BeamParams(1.0 if length_penalty is None else length_penalty, bool(early_stopping))
 
 
-def _content(value: Any, index: int, role: str) -> str:
+def _content(value: Any, index: int, role: str, images: ImageParts) -> str:
     if value is None and role == "assistant":
         return ""
     if isinstance(value, str):
         return value
-    if isinstance(value, list):  # content parts: only text is understood here
+    if isinstance(value, list):  # content parts: text, and images (where each goes: a mark in the text)
         texts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(
-                    f"messages[{index}].content: only text parts are supported", f"messages[{index}].content"
-                )
-            texts.append(part["text"])
+        for j, part in enumerate(value):
+            where = f"messages[{index}].content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind == "image_url":
+                url = part.get("image_url")
+                texts.append(images.add_url(url.get("url") if isinstance(url, dict) else url, where))
+            elif kind == "input_audio":
+                raise invalid(f"{where}: audio input is not taken here (text and images are)", where,
+                              "unsupported_content")
+            else:
+                raise invalid(f"{where}: a content part is text ({{type: text, text}}) or an image "
+                              "({type: image_url, image_url: {url}})", where)
         return "".join(texts)
     raise invalid(f"messages[{index}].content must be a string", f"messages[{index}].content", "invalid_type")
 
@@ -228,14 +237,14 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
         raise invalid("'messages' must be a list of messages", "messages", "invalid_type")
     if not messages:
         raise invalid("'messages' must contain at least one message", "messages", "empty_array")
-    parsed = []
+    parsed, images = [], ImageParts()
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise invalid(f"messages[{i}] must be an object", f"messages[{i}]", "invalid_type")
         role = m.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {json.dumps(role)}", f"messages[{i}].role")
-        content = _content(m.get("content"), i, role)
+        content = _content(m.get("content"), i, role, images)
         tool_calls = _message_tool_calls(m.get("tool_calls"), i) if role == "assistant" else ()
         tool_call_id = m.get("tool_call_id")
         if role == "tool" and not isinstance(tool_call_id, str):
@@ -252,7 +261,8 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls", "invalid_type")
-    return ChatParams(common=common, messages=parsed, tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+    return ChatParams(common=common, messages=parsed, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
+                      images=tuple(images.images))
 
 
 def _tools(value: Any) -> tuple[Tool, ...]:

@@ -20,6 +20,7 @@ from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server import request_fields
 from runner.server.errors import invalid
+from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.replies import read_reply
@@ -48,24 +49,31 @@ def new_id(prefix: str) -> str:
 
 
 # -- the request --------------------------------------------------------------------------------
-def _text(value: Any, where: str) -> str:
-    """A content: a string, or a list of text parts (input_text, output_text, refusal, text)."""
+def _text(value: Any, where: str, images: ImageParts | None = None) -> str:
+    """A content: a string, or a list of text parts (input_text, output_text, refusal, text), and
+    input_image parts where images are taken (a message's content)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         texts = []
         for j, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "input_image" and images is not None:
+                if part.get("image_url") is None:
+                    raise invalid(f"{where}[{j}]: an input_image needs its image_url (a data URI); file ids are "
+                                  "not kept here", f"{where}[{j}]")
+                texts.append(images.add_url(part.get("image_url"), f"{where}[{j}]"))
+                continue
             key = "refusal" if kind == "refusal" else "text"
             if kind not in ("input_text", "output_text", "text", "refusal") or not isinstance(part.get(key), str):
                 raise invalid(f"{where}[{j}]: unsupported content part type {json.dumps(kind)} "
-                              "(this server reads text only)", f"{where}[{j}]")
+                              "(this server reads text and input_image)", f"{where}[{j}]")
             texts.append(part[key])
         return "".join(texts)
     raise invalid(f"{where} must be a string or a list of text parts", where, "invalid_type")
 
 
-def _messages(value: Any) -> list[Message]:
+def _messages(value: Any, images: ImageParts) -> list[Message]:
     """`input` as chat turns: messages as they are, function calls folded into the assistant turn
     before them, function call outputs as tool turns; reasoning items from earlier turns dropped."""
     if isinstance(value, str):
@@ -84,7 +92,7 @@ def _messages(value: Any) -> list[Message]:
                 raise invalid(f"{where}.role must be user, assistant, system or developer; got {json.dumps(role)}",
                               f"{where}.role")
             turns.append(Message("system" if role == "developer" else role, _text(item.get("content"),
-                                                                                     f"{where}.content")))
+                                                                                     f"{where}.content", images)))
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise invalid(f"{where}: a function_call needs call_id, name and arguments (strings)", where)
@@ -198,7 +206,8 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
     _refuse_unsupported(body)
     if body.get("input") is None:
         raise invalid("'input' is required", "input", "missing_required_parameter")
-    turns = _messages(body["input"])
+    images = ImageParts()
+    turns = _messages(body["input"], images)
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -226,7 +235,8 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
                           grammar=grammar)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
                       parallel_tool_calls=PARALLEL_TOOL_CALLS.read(body, True), ignored_tools=ignored,
-                      thinking_budget=request_fields.EFFORT_BUDGETS[effort] if effort is not None else None)
+                      thinking_budget=request_fields.EFFORT_BUDGETS[effort] if effort is not None else None,
+                      images=tuple(images.images))
 
 
 def echoed(body: dict[str, Any], params: ChatParams) -> dict[str, Any]:

@@ -80,7 +80,9 @@ MODELS = object_schema({"object": {"type": "string", "enum": ["list"]}, "data": 
     "owned_by": {"type": "string"},
     "placement": object_schema({"n_gpu_layers": {"type": "integer"}, "layers": {"type": "integer"},
                                 "gpu_bytes": {"type": "integer"}, "devices": {"type": "array", "items": {"type": "string"}},
-                                "auto": {"type": "boolean"}}, [])}, ["id", "object", "created", "owned_by"], extra=True)}},
+                                "auto": {"type": "boolean"}}, []),
+    "inputs": {"type": "array", "items": {"type": "string", "enum": ["text", "image", "audio"]}}},
+    ["id", "object", "created", "owned_by"], extra=True)}},
     ["object", "data"])
 
 

@@ -10,6 +10,7 @@ from runner.prompt.tools import Tool
 from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import BeamParams
+from runner.server.images import ImageInput
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ChatParams:
     ignored_tools: tuple[str, ...] = ()  # tools of kinds this server cannot run, left out of the prompt
     show_thinking: bool = False  # Messages: a reasoning model's thinking comes back as thinking blocks
     thinking_budget: int | None = None  # most tokens a reasoning model thinks (None: as long as it does)
+    images: tuple[ImageInput, ...] = ()  # in the order of their IMAGE_MARKs in the messages' contents
 
 
 @dataclass(frozen=True)

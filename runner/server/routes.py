@@ -137,7 +137,7 @@ async def embeddings(state: ServerState, request: Request) -> Response:
 async def models(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
     data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner",
-             "placement": state.facts.placement} for m in state.model_ids]
+             "placement": state.facts.placement, "inputs": list(state.facts.inputs)} for m in state.model_ids]
     return JSONResponse({"object": "list", "data": data})
 
 

@@ -60,7 +60,7 @@ def test_with_every_tool_left_out_auto_means_no_tools() -> None:
 
 @pytest.mark.parametrize(("body", "param"), [
     ({"messages": ASK}, "max_tokens"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0"),
     ({"max_tokens": 5, "messages": ASK, "tools": [{"description": "no name"}]}, "tools.0.name"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "sometimes"}, "tools": [WEATHER]}, "tool_choice"),
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool"}, "tools": [WEATHER]}, "tool_choice"),

@@ -1,0 +1,222 @@
+"""Images in prompts through the server: a tiny text model with a tiny LLaVA-style projector
+(tests/tiny_mmproj.py: every image is 4 positions), each dialect's image part, encode-once (the
+slot's KV, then the cache of encoded images), two slots side by side, and every bad input's 400."""
+
+from __future__ import annotations
+
+import base64
+import resource
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines import in_process_server, load_tiny
+from runner.server.images import MAX_IMAGES
+from tiny_mmproj import N_IMAGE_TOKENS, png_bytes, write_tiny_mmproj
+
+PNG = png_bytes(40, 30, seed=1)
+OTHER_PNG = png_bytes(40, 30, seed=2)
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_message(text: str, data: bytes = PNG) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text},
+                                        {"type": "image_url", "image_url": {"url": data_uri(data)}}]}
+
+
+def chat(client: Any, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0,
+                                                  **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def mmproj(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj.gguf")
+
+
+@pytest.fixture
+def vision(tiny_gguf: Path, mmproj: Path) -> Iterator[tuple[Any, Any]]:
+    loaded = load_tiny(tiny_gguf, 2, mmproj=str(mmproj))
+    with in_process_server(loaded) as client:
+        yield client, loaded
+
+
+def test_an_image_is_spanned_between_text_and_changes_the_greedy_reply(vision: tuple[Any, Any]) -> None:
+    client, loaded = vision
+    ids, spans = loaded.chat_prompt(*_one_image_prompt(loaded))
+    (span,) = spans
+    assert span.n_tokens == N_IMAGE_TOKENS and 0 < span.start and span.end < len(ids)  # text on both sides
+    assert all(t < 0 for t in ids[span.start:span.end]) and all(t >= 0 for t in ids[:span.start] + ids[span.end:])
+    with_image = chat(client, [image_message("what is this?")])
+    again = chat(client, [image_message("what is this?")])
+    without = chat(client, [{"role": "user", "content": "what is this?"}])
+    reply = with_image["choices"][0]["message"]["content"]
+    assert again["choices"][0]["message"]["content"] == reply
+    assert without["choices"][0]["message"]["content"] != reply
+    assert with_image["usage"]["prompt_tokens"] == without["usage"]["prompt_tokens"] + N_IMAGE_TOKENS
+    assert client.get("/v1/models").json()["data"][0]["inputs"] == ["text", "image"]
+
+
+def _one_image_prompt(loaded: Any) -> tuple[list, None, list]:
+    from runner.prompt.chat_template import Message, image_mark
+
+    return [Message("user", f"what is {image_mark(0)} this?")], None, [loaded.image_chunk(PNG)]
+
+
+def test_the_next_turn_reuses_the_images_kv_and_an_evicted_image_is_not_encoded_again(
+        vision: tuple[Any, Any]) -> None:
+    client, loaded = vision
+    images = loaded.runner.images
+    first = chat(client, [image_message("describe it")])
+    assert images.n_encodes == 1
+    turn_two = [image_message("describe it"), first["choices"][0]["message"],
+                {"role": "user", "content": "and its colour?"}]
+    second = chat(client, turn_two)
+    assert images.n_encodes == 1  # the image's KV was reused: nothing encoded, nothing decoded
+    n_first_prompt = first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_first_prompt - 1
+    for seed in range(4):  # other prompts take both slots: the image's KV is gone
+        chat(client, [{"role": "user", "content": f"unrelated question number {seed} " * 3}])
+    hits = images.cache.n_hits
+    third = chat(client, [image_message("describe it")])
+    assert images.n_encodes == 1 and images.cache.n_hits == hits + 1  # decoded from the kept embeddings
+    assert third["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    chat(client, [image_message("describe it", OTHER_PNG)])
+    assert images.n_encodes == 2  # another image is encoded
+
+
+def test_a_text_stream_beside_an_image_request_gets_its_tokens_alone(tiny_gguf: Path, mmproj: Path) -> None:
+    from engines import submit_all, token_ids
+    from runner.scheduler.request import GenerationRequest
+    from runner.sampling.params import SamplingParams
+
+    loaded = load_tiny(tiny_gguf, 2, mmproj=str(mmproj))
+    try:
+        greedy = SamplingParams(temperature=0.0)
+        ids, spans = loaded.chat_prompt(*_one_image_prompt(loaded))
+        text_ids = loaded.chat_prompt_ids(_text_messages())
+        alone = submit_all(loaded.engine, [GenerationRequest("t", text_ids, greedy, max_tokens=12, ignore_eos=True)])
+        image_alone = submit_all(loaded.engine, [GenerationRequest("i", ids, greedy, max_tokens=12, ignore_eos=True,
+                                                                   media=spans)])
+        loaded.runner.context.kv_clear()
+        for slot in loaded.engine.scheduler.pool.slots:
+            slot.truncate(0)
+        both = submit_all(loaded.engine, [GenerationRequest("i2", ids, greedy, max_tokens=12, ignore_eos=True,
+                                                            media=spans),
+                                          GenerationRequest("t2", text_ids, greedy, max_tokens=12, ignore_eos=True)])
+    finally:
+        loaded.close()
+    assert token_ids(both[1]) == token_ids(alone[0]) and len(token_ids(alone[0])) == 12
+    assert token_ids(both[0]) == token_ids(image_alone[0])
+
+
+def _text_messages() -> list:
+    from runner.prompt.chat_template import Message
+
+    return [Message("user", "a question with no image at all")]
+
+
+# -- bad input, in each dialect's envelope ---------------------------------------------------------------
+def bomb_png(width: int = 50_000, height: int = 50_000) -> bytes:
+    """A PNG of a few hundred bytes that declares width x height pixels (its one row of data is short)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 4096))
+            + chunk(b"IEND", b""))
+
+
+BROKEN_PNG = PNG[:40] + b"\0" * 64  # a PNG's header, then nothing an image decoder can read
+
+
+def openai(client: Any, parts: list[dict[str, Any]]) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": parts}],
+                                                     "max_tokens": 4})
+
+
+def anthropic(client: Any, blocks: list[dict[str, Any]]) -> Any:
+    return client.post("/v1/messages", json={"model": "tiny", "messages": [{"role": "user", "content": blocks}], "max_tokens": 4})
+
+
+def responses(client: Any, parts: list[dict[str, Any]]) -> Any:
+    return client.post("/v1/responses", json={"model": "tiny", "input": [{"role": "user", "content": parts}],
+                                              "max_output_tokens": 4})
+
+
+def image_parts(dialect: str, images: list[bytes]) -> list[dict[str, Any]]:
+    text = {"openai": {"type": "text", "text": "look"}, "anthropic": {"type": "text", "text": "look"},
+            "responses": {"type": "input_text", "text": "look"}}[dialect]
+    def part(data: bytes) -> dict[str, Any]:
+        if dialect == "openai":
+            return {"type": "image_url", "image_url": {"url": data_uri(data)}}
+        if dialect == "anthropic":
+            return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                "data": base64.b64encode(data).decode()}}
+        return {"type": "input_image", "image_url": data_uri(data)}
+    return [text] + [part(d) for d in images]
+
+
+SEND = {"openai": openai, "anthropic": anthropic, "responses": responses}
+WHERE = {"openai": "messages[0].content[1]", "anthropic": "messages.0.content.1", "responses": "input[0].content[1]"}
+
+
+def error_of(dialect: str, r: Any) -> tuple[str, str | None]:
+    """(message, code or type) from the dialect's envelope."""
+    body = r.json()
+    if dialect == "anthropic":
+        assert body["type"] == "error"
+        return body["error"]["message"], body["error"]["type"]
+    return body["error"]["message"], body["error"]["code"]
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_bad_images_are_400s_naming_the_part(vision: tuple[Any, Any], dialect: str) -> None:
+    client, _ = vision
+    send, where = SEND[dialect], WHERE[dialect]
+    cases = {
+        "not an image": (b"plain text, not an image", "not an image this server reads"),
+        "undecodable": (BROKEN_PNG, "could not be decoded"),
+        "bomb": (bomb_png(), "declares 50000 x 50000 pixels"),
+    }
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for name, (data, words) in cases.items():
+        r = send(client, image_parts(dialect, [data]))
+        assert r.status_code == 400, (name, r.text)
+        message, _ = error_of(dialect, r)
+        assert words in message and where in message, (name, message)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200_000  # KiB: nothing decoded the bomb
+    r = send(client, image_parts(dialect, [PNG] * (MAX_IMAGES + 1)))
+    assert r.status_code == 400 and f"at most {MAX_IMAGES} images" in error_of(dialect, r)[0]
+    # and the server still answers an image request afterwards (no slot was left stuck)
+    assert send(client, image_parts(dialect, [PNG])).status_code == 200
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_an_image_to_a_text_only_model_is_a_400(tiny_gguf: Path, dialect: str) -> None:
+    with in_process_server(load_tiny(tiny_gguf, 1)) as client:
+        r = SEND[dialect](client, image_parts(dialect, [PNG]))
+        assert r.status_code == 400
+        message, _ = error_of(dialect, r)
+        assert "this model takes no images" in message and WHERE[dialect] in message
+        assert client.get("/v1/models").json()["data"][0]["inputs"] == ["text"]
+
+
+def test_an_image_url_is_not_fetched_and_an_image_too_long_for_the_slot_says_its_tokens(
+        tiny_gguf: Path, mmproj: Path) -> None:
+    with in_process_server(load_tiny(tiny_gguf, 1, mmproj=str(mmproj), ctx_size=48, batch_size=32)) as client:
+        r = openai(client, [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest"}}])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "remote_media_off"
+        r = openai(client, image_parts("openai", [PNG] * 12))
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert f"({12 * N_IMAGE_TOKENS} of them for its 12 image(s))" in r.json()["error"]["message"]
