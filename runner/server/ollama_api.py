@@ -18,6 +18,7 @@ from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server import request_fields
 from runner.server.errors import ApiError, invalid
+from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import ReasoningSplitter
 from runner.server.replies import read_reply
@@ -43,12 +44,13 @@ def parse_chat(body: dict[str, Any], ctx_size: int) -> ChatParams:
     messages = body.get("messages") or []
     if not isinstance(messages, list):
         raise invalid("messages must be a list", "messages")
-    turns = request_fields.system_first([_turn(i, m) for i, m in enumerate(messages)])
+    images = ImageParts()
+    turns = request_fields.system_first([_turn(i, m, images) for i, m in enumerate(messages)])
     tools = _tools(body.get("tools"))
     show_thinking, budget = _think(body.get("think"))
     return ChatParams(common=_common(body, ctx_size), messages=turns, tools=tools,
                       tool_choice=_tool_choice(body.get("tool_choice"), tools),
-                      show_thinking=show_thinking, thinking_budget=budget)
+                      show_thinking=show_thinking, thinking_budget=budget, images=tuple(images.images))
 
 
 def _tool_choice(value: Any, tools: tuple[Tool, ...]) -> str:
@@ -69,8 +71,11 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     for unsupported in ("suffix", "context"):
         if body.get(unsupported):
             raise invalid(f"'{unsupported}' is not supported here (send the conversation with /api/chat)", unsupported)
-    _no_images(body.get("images"), "images")
+    images = ImageParts()
+    marks = _image_marks(body.get("images"), "images", images)
     common = _common(body, ctx_size)
+    if images.images and (body.get("raw") or body.get("template")):
+        raise invalid("images go with a templated prompt here (leave out raw and template)", "images")
     if body.get("raw"):
         return CompletionParams(common=common, prompt=prompt)
     system = body.get("system")
@@ -81,9 +86,11 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
         if not isinstance(template, str):
             raise invalid("template must be a string", "template")
         return CompletionParams(common=common, prompt=go_template(template, system or "", prompt))
+    prompt = prompt + marks
     turns = ([Message("system", system)] if system else []) + ([Message("user", prompt)] if prompt else [])
     show_thinking, budget = _think(body.get("think"))
-    return ChatParams(common=common, messages=turns, show_thinking=show_thinking, thinking_budget=budget)
+    return ChatParams(common=common, messages=turns, show_thinking=show_thinking, thinking_budget=budget,
+                      images=tuple(images.images))
 
 
 _ACTION = re.compile(r"\{\{(-?)\s*(.*?)\s*(-?)\}\}", re.S)
@@ -129,14 +136,14 @@ def is_empty(params: ChatParams | CompletionParams) -> bool:
     return not params.prompt if isinstance(params, CompletionParams) else not params.messages
 
 
-def _turn(index: int, message: Any) -> Message:
+def _turn(index: int, message: Any, images: ImageParts) -> Message:
     where = f"messages.{index}"
     if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
         raise invalid(f"{where}: role must be system, user, assistant or tool", where)
     content = message.get("content") or ""
     if not isinstance(content, str):
         raise invalid(f"{where}.content must be a string", where)
-    _no_images(message.get("images"), f"{where}.images")
+    content += _image_marks(message.get("images"), f"{where}.images", images)
     calls = tuple(_call(f"{where}.tool_calls.{j}", c) for j, c in enumerate(message.get("tool_calls") or []))
     tool_name = message.get("tool_name")
     return Message(message["role"], content, calls, tool_call_id=tool_name if isinstance(tool_name, str) else None)
@@ -150,9 +157,13 @@ def _call(where: str, call: Any) -> ToolCall:
     return ToolCall(new_call_id(), function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
 
 
-def _no_images(images: Any, where: str) -> None:
-    if images:
-        raise invalid(f"{where}: this model does not take images", where)
+def _image_marks(value: Any, where: str, images: ImageParts) -> str:
+    """Ollama's images (base64 strings) after the text they came with."""
+    if value is None:
+        return ""
+    if not isinstance(value, list):
+        raise invalid(f"{where} must be a list of base64 strings", where)
+    return "".join(images.add_base64(image, f"{where}.{j}") for j, image in enumerate(value))
 
 
 def _tools(value: Any) -> tuple[Tool, ...]:

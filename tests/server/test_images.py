@@ -220,3 +220,19 @@ def test_an_image_url_is_not_fetched_and_an_image_too_long_for_the_slot_says_its
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
         assert f"({12 * N_IMAGE_TOKENS} of them for its 12 image(s))" in r.json()["error"]["message"]
+
+
+def test_ollama_takes_images_on_chat_and_generate(vision: tuple[Any, Any]) -> None:
+    client, _ = vision
+    image = base64.b64encode(PNG).decode()
+    openai_reply = chat(client, [image_message("what is this?")])["choices"][0]["message"]["content"]
+    r = client.post("/api/chat", json={"model": "tiny", "stream": False, "options": {"temperature": 0, "num_predict": 8},
+                                       "messages": [{"role": "user", "content": "what is this?", "images": [image]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["content"] == openai_reply  # the same prompt: text, then the image
+    r = client.post("/api/generate", json={"model": "tiny", "stream": False, "prompt": "what is this?",
+                                           "images": [image], "options": {"temperature": 0, "num_predict": 8}})
+    assert r.status_code == 200 and r.json()["response"] == openai_reply
+    r = client.post("/api/chat", json={"model": "tiny", "stream": False,
+                                       "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]})
+    assert r.status_code == 400 and "messages.0.images.0" in r.json()["error"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import json
 from collections.abc import Callable, Iterator
 
@@ -10,6 +12,7 @@ import jsonschema
 import ollama
 import pytest
 from server_process import ServerProcess
+from tiny_mmproj import png_bytes
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"
@@ -118,8 +121,10 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
      "'temperature' must be a number"),
     ({"messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 100000}}, 400,
      "num_ctx 100000 is more than a slot holds here (2048 tokens)"),
+    ({"messages": [{"role": "user", "content": "what is this?", "images": [base64.b64encode(png_bytes(8, 8)).decode()]}]},
+     400, "messages.0.images.0: this model takes no images"),
     ({"messages": [{"role": "user", "content": "what is this?", "images": ["iVBORw0KGgo="]}]}, 400,
-     "messages.0.images: this model does not take images"),
+     "messages.0.images.0: not an image this server reads"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0: role must be"),
     ({"messages": [{"role": "user", "content": "hi"}], "format": "yaml"}, 400, "format must be"),
 ])
