@@ -14,10 +14,12 @@ N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
 
 
 def write_tiny_mmproj(path: Path, n_embd_text: int = 64, seed: int = 0, n_embd: int = 32, n_ff: int = 64,
-                      n_block: int = 1, n_head: int = 2, projection_dim: int = 48) -> Path:
-    """n_embd_text must be the text model's embedding width (the projector's output rows are its inputs)."""
+                      n_block: int = 1, n_head: int = 2, projection_dim: int = 48, image_size: int = IMAGE_SIZE,
+                      patch_size: int = PATCH_SIZE) -> Path:
+    """n_embd_text must be the text model's embedding width (the projector's output rows are its inputs).
+    The sizes default to tiny; bench/images.py asks for an encoder of a real one's size."""
     rng = np.random.default_rng(seed)
-    n_patches = N_IMAGE_TOKENS
+    n_patches = (image_size // patch_size) ** 2
     path.parent.mkdir(parents=True, exist_ok=True)
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-random-mmproj")
@@ -25,8 +27,8 @@ def write_tiny_mmproj(path: Path, n_embd_text: int = 64, seed: int = 0, n_embd: 
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     w.add_string("clip.projector_type", "mlp")
-    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    w.add_uint32("clip.vision.patch_size", PATCH_SIZE)
+    w.add_uint32("clip.vision.image_size", image_size)
+    w.add_uint32("clip.vision.patch_size", patch_size)
     w.add_uint32("clip.vision.embedding_length", n_embd)
     w.add_uint32("clip.vision.feed_forward_length", n_ff)
     w.add_uint32("clip.vision.block_count", n_block)
@@ -42,7 +44,7 @@ def write_tiny_mmproj(path: Path, n_embd_text: int = 64, seed: int = 0, n_embd: 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    tensor("v.patch_embd.weight", n_embd, 3, PATCH_SIZE, PATCH_SIZE)
+    tensor("v.patch_embd.weight", n_embd, 3, patch_size, patch_size)
     tensor("v.position_embd.weight", n_patches, n_embd)
     for i in range(n_block):
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
