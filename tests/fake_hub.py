@@ -42,7 +42,8 @@ class Served:
 class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     log: list[Served] = field(default_factory=list)
-    # stall: after this many bytes of a GET, wait for `release` (a client killed mid-download)
+    # stall: no byte at or past this offset of a file is sent until `release` (a link that hangs there,
+    # whatever Range a retry asks for; a client killed mid-download)
     stall_after: int | None = None
     release: threading.Event = field(default_factory=threading.Event)
 
@@ -135,8 +136,9 @@ class FakeHub:
         wanted = h.headers.get("range")
         start = int(re.match(r"bytes=(\d+)-", wanted)[1]) if wanted else 0
         part = data[start:]
-        stall = body and self.stall_after is not None and len(part) > self.stall_after
-        self.log.append(Served(h.command, h.path, wanted, (self.stall_after if stall else len(part)) if body else 0))
+        stall = body and self.stall_after is not None and len(data) > self.stall_after
+        sent = part[: max(0, self.stall_after - start)] if stall else part
+        self.log.append(Served(h.command, h.path, wanted, len(sent) if body else 0))
         h.send_response(206 if wanted else 200)
         h.send_header("Content-Length", str(len(part)))
         h.send_header("Accept-Ranges", "bytes")
@@ -150,7 +152,7 @@ class FakeHub:
         if not body:
             return
         if stall:
-            h.wfile.write(part[: self.stall_after])
+            h.wfile.write(sent)
             h.wfile.flush()
             self.release.wait()
             return
