@@ -1,4 +1,5 @@
-"""The `runner` command line: run, chat, serve, ps, launch, pull, list, rm, info, embed, search, bundle."""
+"""The `runner` command line: run, chat, serve, ps, launch, pull, list, rm, info, embed, search, rpc-worker,
+bundle."""
 
 from __future__ import annotations
 
@@ -309,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("launch", cmd_launch, "run a coding agent (Claude Code, Codex) against a runner server, starting one "
                                   "if none answers on --port")
     add_launch_flags(p, Catalog.load().default)
+    from runner.cli.rpc_worker import add_rpc_worker_flags, cmd_rpc_worker
+
+    p = add("rpc-worker", cmd_rpc_worker, "lend this machine's CPU or GPU to a runner elsewhere that holds a model "
+                                          "too big for one machine (its --rpc HOST:PORT)")
+    add_rpc_worker_flags(p)
     from runner.cli.bundle import cmd_bundle
 
     p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")

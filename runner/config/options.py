@@ -50,6 +50,11 @@ class EngineOptions:
     n_gpu_layers: str = _opt("auto", "layers on the GPU of a CUDA/Metal build: auto (as many as its free memory holds, "
                                      "leaving 1 GiB), a number, or -1 (all); none without a GPU",
                              flag="--n-gpu-layers")
+    rpc: str = _opt("", "RPC workers (`runner rpc-worker` on other machines) to place the model's layers on: "
+                        "HOST:PORT[,HOST:PORT...]; a server then runs the model in a process of its own, so a worker "
+                        "that dies takes only that model down")
+    tensor_split: str = _opt("", "with --rpc: the share of layers for this machine, then each worker in order, "
+                                 "e.g. 1,2,2 (default: every layer on the workers, by their free memory)")
     max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
                                  "context)")
     max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from runner.catalog.catalog import ModelRef
 from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
-from runner.core.errors import ModelLoadError
+from runner.core.errors import ModelLoadError, OptionError
 from runner.config.options import EngineOptions, flash_attention, micro_batch_max
 from runner.model.model_facts import ModelFacts
 from runner.prompt.chat_template import (
@@ -30,6 +30,7 @@ from runner.runtime.devices import Device
 from runner.runtime.draft_agreement import measure_agreement
 from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
+from runner.runtime.layer_split import device_shares, parse_tensor_split
 from runner.runtime.gpu_fit import parse_gpu_layers, plan_offload
 from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread, list_devices
 from runner.runtime.memory_plan import MemoryPlan, layer_costs
@@ -50,6 +51,13 @@ if TYPE_CHECKING:
     from runner.runtime.mtmd import ImageChunk, Projector
 
 CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
+
+
+def _embeddings_bytes(info: GgufInfo, layer_weights: Sequence[int], output_weights: int) -> int:
+    """The weights outside the layers and the output head (the token embeddings: they stay on this
+    machine); a tied output head is the embeddings themselves."""
+    rest = info.weights_bytes - sum(layer_weights) - output_weights
+    return rest if rest > 0 else output_weights
 
 
 def _stderr(line: str) -> None:
@@ -74,9 +82,14 @@ class LoadedModel:
         # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
         self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
+        workers = self._rpc_workers()
         self.devices = list_devices() if devices is None else devices
-        self.offload = plan_offload(parse_gpu_layers(self.options.n_gpu_layers), layer_costs(self.info, self.options),
-                                    self.devices)
+        split = parse_tensor_split(self.options.tensor_split, len(workers)) if workers else None
+        if self.options.tensor_split and not workers:
+            raise OptionError("--tensor-split shares the layers between this machine and --rpc workers: add --rpc")
+        costs = layer_costs(self.info, self.options)
+        wanted = split.n_gpu_layers(costs.n_layer) if split else parse_gpu_layers(self.options.n_gpu_layers)
+        self.offload = plan_offload(wanted, costs, self.devices)
         self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else None
         self.memory_plan = MemoryPlan.for_model(self.info, self.options, offload=self.offload)
         if self.mmproj_path is not None:  # the projector's weights and the encoded images it keeps
@@ -85,7 +98,13 @@ class LoadedModel:
                 + self.options.media_cache_mb * 2**20)
         self.memory_plan.check()
         log(self.memory_plan.describe())
-        self.model = Model(self.path, self.offload.n_gpu_layers)
+        if workers:  # where each layer goes, worker by worker, before the weights are sent
+            by_llama_order = workers + [d for d in self.offload.devices if d not in workers]
+            shares = list(split.devices) + [0.0] * (len(by_llama_order) - len(workers)) if split else None
+            for share in device_shares(costs, self.offload.n_gpu_layers, by_llama_order, shares,
+                                       _embeddings_bytes(self.info, costs.layer_weights, costs.output_weights)):
+                log(f"  {share.describe()}")
+        self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else ())
         try:
             self.template = ChatTemplate.for_model(
                 self.model.chat_template,
@@ -124,6 +143,14 @@ class LoadedModel:
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
         self._cache_dir = store.root
+
+    def _rpc_workers(self) -> list[Device]:
+        """--rpc's workers, each checked and registered with llama.cpp (RpcError: one that cannot be used)."""
+        if not self.options.rpc:
+            return []
+        from runner.runtime import rpc  # (ggml-rpc is looked up only for a model placed on workers)
+
+        return rpc.add_workers(rpc.parse_workers(self.options.rpc))
 
     def _projector(self) -> Projector | None:
         """The model's mmproj, loaded beside it; its images decode through the runner."""

@@ -11,7 +11,7 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -161,10 +161,14 @@ def in_scratch_thread(work: Callable[[], T]) -> T:
 class Model:
     """Weights and vocabulary of one GGUF file."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0) -> None:
+    def __init__(self, path: Path, n_gpu_layers: int = 0, tensor_split: Sequence[float] = ()) -> None:
+        """`tensor_split`: each layer device's share, in llama.cpp's device order (empty: by free memory)."""
         init_backend()
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        if tensor_split:  # (llama.cpp copies the array while loading)
+            shares = (ctypes.c_float * _lc.llama_max_devices())(*tensor_split)
+            params.tensor_split = ctypes.cast(shares, ctypes.POINTER(ctypes.c_float))
         params.use_extra_bufts = uses_extra_buffers()
         _recent_log.clear()
         self.path = Path(path)

@@ -1,0 +1,187 @@
+"""llama.cpp's RPC backend (ggml-rpc): workers that lend this machine's device to a head on another
+one, and the head's side, which registers each worker as a device llama.cpp places layers on.
+
+ggml-rpc aborts the process that holds the model when a worker cannot be reached, speaks another
+protocol version or drops mid-use, so the head checks each worker itself first (a TCP connect and
+the protocol's HELLO, with a time-out) and turns what it finds into one readable line; what it
+cannot check (a worker dying later) is contained by running the model in a process of its own
+(router.model_process). Every call here is a C export of the ggml libraries that libllama loads;
+llama_cpp binds none of them but llama_supports_rpc."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as _lc
+
+from runner.core.errors import OptionError, RunnerError
+from runner.runtime.devices import Device
+from runner.runtime.llama import init_backend, list_devices
+
+DEFAULT_PORT = 50052
+PROTOCOL = (7, 0)  # ggml-rpc.h's RPC_PROTO_MAJOR/MINOR_VERSION in the llama.cpp runner is built on
+PROBE_TIMEOUT_S = 5.0
+_HELLO = 14  # RPC_CMD_HELLO: "must be always 14", so every version can be asked which it is
+_CAPS = 24  # RPC_CONN_CAPS_SIZE: the transport capabilities after the version (zeros: plain TCP)
+BUILD_HINT = ('this llama-cpp-python was built without RPC; rebuild it with it: CMAKE_ARGS="-DGGML_RPC=on" '
+              "pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python==" + _lc.__version__)
+
+
+class RpcError(RunnerError):
+    """A worker that cannot be used (unreachable, busy, another protocol), or a build without RPC."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    @property
+    def text(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        return self.host in ("localhost", "::1") or self.host.startswith("127.")
+
+
+def parse_endpoint(text: str, default_port: int | None = None) -> Endpoint:
+    """HOST:PORT (IPv6 as [ADDR]:PORT); the port may be left out where there is a default."""
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([A-Za-z0-9.\-]+)(?::(\d+))?", text.strip())
+    host = match and (match[1] or match[3])
+    port_text = match and (match[2] or match[4])
+    port = int(port_text) if port_text else default_port
+    if not host or port is None or not 0 < port < 65536:
+        raise OptionError(f"not an RPC worker address: {text!r} (expected HOST:PORT, e.g. 192.168.1.20:{DEFAULT_PORT})")
+    return Endpoint(host, port)
+
+
+def parse_workers(text: str) -> list[Endpoint]:
+    """--rpc's HOST:PORT[,HOST:PORT...] (each once)."""
+    endpoints = [parse_endpoint(part) for part in text.split(",")]
+    if len(set(endpoints)) != len(endpoints):
+        raise OptionError(f"--rpc names a worker twice: {text!r}")
+    return endpoints
+
+
+def supports_rpc() -> bool:
+    return bool(_lc.llama_supports_rpc())
+
+
+def require_rpc() -> None:
+    if not supports_rpc():
+        raise RpcError(BUILD_HINT)
+
+
+def hello(endpoint: Endpoint, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, int, int]:
+    """Ask the worker its protocol version, as ggml-rpc's own client does first (then hang up: a
+    worker serves one head at a time and takes the next connection when this one closes)."""
+    try:
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
+            answer = _receive(sock, 8 + 4 + _CAPS)
+    except socket.timeout:
+        raise RpcError(f"RPC worker {endpoint.text} did not answer within {timeout_s:g} s (a worker serves one "
+                       "head at a time: is another runner using it?)") from None
+    except OSError as exc:
+        raise RpcError(f"cannot reach RPC worker {endpoint.text}: {exc.strerror or exc}") from None
+    size = struct.unpack_from("<Q", answer)[0]
+    major, minor, patch = answer[8], answer[9], answer[10]
+    if size != 4 + _CAPS or major != PROTOCOL[0] or minor > PROTOCOL[1]:
+        version = f"{major}.{minor}.{patch}" if size == 4 + _CAPS else "an unknown version"
+        raise RpcError(f"RPC worker {endpoint.text} speaks protocol {version}, this runner {PROTOCOL[0]}.{PROTOCOL[1]}: "
+                       "run the same runner build on every host")
+    return major, minor, patch
+
+
+def _receive(sock: socket.socket, n_bytes: int) -> bytes:
+    data = b""
+    while len(data) < n_bytes:
+        part = sock.recv(n_bytes - len(data))
+        if not part:
+            raise OSError(0, "it closed the connection during the handshake (not an RPC worker?)")
+        data += part
+    return data
+
+
+@functools.cache
+def _api() -> ctypes.CDLL:
+    lib = _lc.llama_cpp._lib
+    p = ctypes.c_void_p
+    for name, restype, argtypes in (
+        ("ggml_backend_reg_by_name", p, [ctypes.c_char_p]),
+        ("ggml_backend_reg_get_proc_address", p, [p, ctypes.c_char_p]),
+        ("ggml_backend_register", None, [p]),
+        ("ggml_backend_dev_by_type", p, [ctypes.c_int]),
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", p, [ctypes.c_size_t]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [p]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _rpc_call(name: str, restype: object, argtypes: list[object]) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    """One of ggml-rpc's entry points, looked up through its backend registry (as llama.cpp does)."""
+    require_rpc()
+    init_backend()
+    lib = _api()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    address = lib.ggml_backend_reg_get_proc_address(reg, name.encode())
+    if not address:
+        raise RpcError(f"this llama.cpp's RPC backend has no {name}")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+
+
+_added: dict[Endpoint, list[str]] = {}
+
+
+def add_workers(endpoints: list[Endpoint], timeout_s: float = PROBE_TIMEOUT_S) -> list[Device]:
+    """Each worker checked, then registered with llama.cpp as a device (RPC0, RPC1, ... in the given
+    order; llama.cpp puts them before any local GPU); the devices layers may go to, as llama.cpp
+    will use them."""
+    require_rpc()
+    for endpoint in endpoints:
+        if endpoint not in _added:
+            hello(endpoint, timeout_s)
+    add_server = _rpc_call("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
+    lib = _api()
+    for endpoint in endpoints:
+        if endpoint in _added:
+            continue
+        before = {_device_name(lib, i) for i in range(lib.ggml_backend_dev_count())}
+        reg = add_server(f"{endpoint.host}:{endpoint.port}".encode())
+        if not reg:
+            raise RpcError(f"RPC worker {endpoint.text} offers no device")
+        lib.ggml_backend_register(reg)
+        _added[endpoint] = [n for i in range(lib.ggml_backend_dev_count())
+                            if (n := _device_name(lib, i)) not in before]
+    names = [name for endpoint in endpoints for name in _added[endpoint]]
+    return [d for name in names for d in list_devices() if d.name == name]
+
+
+def _device_name(lib: ctypes.CDLL, index: int) -> str:
+    return (lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(index)) or b"").decode()
+
+
+def serve_worker(endpoint: Endpoint, cache_dir: Path | None, n_threads: int, device_names: list[str]) -> None:
+    """Serve these local devices to heads until the process ends (blocking; ggml-rpc prints its own
+    banner and a line per head that connects). Returns only when the listening socket fails."""
+    start = _rpc_call("ggml_backend_rpc_start_server", None,
+                      [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p])
+    lib = _api()
+    handles = {_device_name(lib, i): lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())}
+    missing = [n for n in device_names if n not in handles]
+    if missing:
+        raise RpcError(f"no device {', '.join(missing)} here; this machine has {', '.join(handles)}")
+    chosen = (ctypes.c_void_p * len(device_names))(*(handles[n] for n in device_names))
+    cache = str(cache_dir).encode() if cache_dir is not None else None
+    start(f"{endpoint.host}:{endpoint.port}".encode(), cache, n_threads, len(device_names),
+          ctypes.cast(chosen, ctypes.c_void_p))
