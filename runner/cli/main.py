@@ -345,6 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.fn(args)
     except RunnerError as exc:
         print(f"runner: error: {exc}", file=sys.stderr)
+        if exc.unavailable and getattr(args, "model_process", False):  # its router answers 503, not 500
+            from runner.router.model_process import UNAVAILABLE_EXIT
+
+            return UNAVAILABLE_EXIT
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

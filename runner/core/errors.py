@@ -6,6 +6,8 @@ from __future__ import annotations
 class RunnerError(Exception):
     """Base for errors whose message is meant for the user as-is."""
 
+    unavailable = False  # what it needs is not there now (an RPC worker down): the same request may work later
+
 
 class ModelFileError(RunnerError):
     """A model file is missing, not a GGUF, or truncated/corrupt."""

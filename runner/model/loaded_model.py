@@ -53,13 +53,6 @@ if TYPE_CHECKING:
 CONTENT_MARK = "\ue000"  # a private-use character around content placeholders (see chat_prompt_ids)
 
 
-def _embeddings_bytes(info: GgufInfo, layer_weights: Sequence[int], output_weights: int) -> int:
-    """The weights outside the layers and the output head (the token embeddings: they stay on this
-    machine); a tied output head is the embeddings themselves."""
-    rest = info.weights_bytes - sum(layer_weights) - output_weights
-    return rest if rest > 0 else output_weights
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
@@ -102,7 +95,7 @@ class LoadedModel:
             by_llama_order = workers + [d for d in self.offload.devices if d not in workers]
             shares = list(split.devices) + [0.0] * (len(by_llama_order) - len(workers)) if split else None
             for share in device_shares(costs, self.offload.n_gpu_layers, by_llama_order, shares,
-                                       _embeddings_bytes(self.info, costs.layer_weights, costs.output_weights)):
+                                       self.info.embedding_bytes):
                 log(f"  {share.describe()}")
         self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else ())
         try:

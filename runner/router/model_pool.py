@@ -24,6 +24,7 @@ class ModelState(str, Enum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
+    FAILED = "failed"  # its process ended on its own (a crash, a lost RPC worker) or its last load failed
 
 
 class Process(Protocol):
@@ -42,6 +43,8 @@ class Process(Protocol):
     def terminate(self) -> None: ...
 
     async def set_threads(self, n_threads: int) -> None: ...
+
+    def failure_reason(self) -> str: ...
 
 
 class PoolError(Exception):
@@ -69,12 +72,21 @@ class _Slot:
     last_used_s: float = 0.0
     loaded_at: float = 0.0  # wall clock, for people
     unloading: set[asyncio.Task[None]] = field(default_factory=set)
+    failure: str = ""  # why its last load failed (cleared by the next that succeeds)
 
     @property
     def state(self) -> ModelState:
         if self.loading is not None:
             return ModelState.LOADING
-        return ModelState.LOADED if self.process is not None and self.process.is_alive else ModelState.UNLOADED
+        if self.process is not None:
+            return ModelState.LOADED if self.process.is_alive else ModelState.FAILED
+        return ModelState.FAILED if self.failure else ModelState.UNLOADED
+
+    @property
+    def why_failed(self) -> str:
+        if self.process is not None and not self.process.is_alive:
+            return self.process.failure_reason()
+        return self.failure
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,7 @@ class ModelStatus:
     expires_in_s: float | None  # None: not loaded, or kept forever
     n_loads: int  # processes started for it so far
     pid: int | None
+    failure: str = ""  # state FAILED: why
 
 
 class ModelPool:
@@ -130,7 +143,8 @@ class ModelPool:
         return [ModelStatus(s.model, s.state, s.n_in_flight, s.n_bytes,
                             s.loaded_at if s.state is ModelState.LOADED else None,
                             self._expires_in(s, now), s.n_loads,
-                            s.process.pid if s.process is not None and s.process.is_alive else None)
+                            s.process.pid if s.process is not None and s.process.is_alive else None,
+                            s.why_failed if s.state is ModelState.FAILED else "")
                 for s in self._slots.values()]
 
     def _expires_in(self, slot: _Slot, now: float) -> float | None:
@@ -252,6 +266,7 @@ class ModelPool:
                     slot.planned_bytes = await self._plan_bytes(slot.model)
                 need = slot.planned_bytes
             except Exception as exc:  # RunnerError: missing file, not GGUF, unknown name, pull failed
+                slot.failure = f"cannot load: {exc}"
                 raise PoolError(500, f"'{slot.model.name}' cannot load: {exc}", "model_load_failed") from None
             async with self._room_lock:
                 await self._make_room(slot, need)
@@ -263,7 +278,12 @@ class ModelPool:
                 await process.start()
             except LoadFailed as exc:
                 slot.process = None
+                slot.failure = str(exc)
+                if exc.unavailable:  # what it needs is not there now (an RPC worker): worth a retry later
+                    raise PoolError(503, f"'{slot.model.name}' is unavailable: {exc}", "model_unavailable",
+                                    RETRY_AFTER_S) from None
                 raise PoolError(500, f"'{slot.model.name}' failed to load: {exc}", "model_load_failed") from None
+            slot.failure = ""
             slot.loaded_at = time.time()
             slot.last_used_s = self._clock()
             self._log(f"runner: loaded {slot.model.name} in {self._clock() - started_s:.1f} s "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from collections import deque
@@ -22,8 +23,16 @@ ERROR_MARK = "runner: error: "
 STOP_GRACE_S = 10.0  # after SIGTERM, then SIGKILL
 
 
+_SOURCE_PATH = re.compile(r"^\S+\.(?:c|cpp|h):\d+: ")  # how ggml's aborts begin
+UNAVAILABLE_EXIT = 75  # EX_TEMPFAIL: the model process could not reach what it needs (an RPC worker)
+
+
 class LoadFailed(Exception):
     """The model process ended before it served: the reason in one sentence."""
+
+    def __init__(self, reason: str, unavailable: bool = False) -> None:
+        super().__init__(reason)
+        self.unavailable = unavailable
 
 
 def runner_command() -> list[str]:
@@ -60,6 +69,7 @@ class ModelProcess:
     async def start(self) -> None:
         """Start the process and return once it serves; LoadFailed with its reason if it ends first."""
         env = {k: v for k, v in os.environ.items() if k != "RUNNER_API_KEY"}  # the socket is private; no key
+        env.setdefault("GGML_NO_BACKTRACE", "1")  # an abort's reason is its last line, not a debugger's stack dump
         self._proc = await asyncio.create_subprocess_exec(
             *self.command(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)  # Ctrl-C reaches the router only; stdin's end tells it the router is gone
@@ -84,15 +94,16 @@ class ModelProcess:
                 self._log(f"[{self.model.name}] {line}")
         code = await self._proc.wait()
         if not ready.done():
-            ready.set_exception(LoadFailed(self.failure_reason(code)))
+            ready.set_exception(LoadFailed(self.failure_reason(), unavailable=code == UNAVAILABLE_EXIT))
 
-    def failure_reason(self, code: int | None) -> str:
+    def failure_reason(self) -> str:
         """The process's own one-line error, else its last words and how it ended."""
+        code = self._proc.returncode if self._proc is not None else None
         for line in reversed(self._tail):
             if line.startswith(ERROR_MARK):
                 return line.removeprefix(ERROR_MARK)
         how = f"exit status {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
-        last = f": {self._tail[-1]}" if self._tail else ""
+        last = ": " + _SOURCE_PATH.sub("", self._tail[-1]) if self._tail else ""
         return f"the model process for '{self.model.name}' ended ({how}){last}"
 
     async def set_threads(self, n_threads: int) -> None:

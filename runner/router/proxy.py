@@ -3,6 +3,8 @@ client that goes away closes the upstream connection, which cancels the generati
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -44,15 +46,16 @@ async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
             await answer.close()
             on_done()
         return Response(content, status_code=answer.status, headers=response_headers)
-    return _RelayedStream(answer, on_done, response_headers)
+    return _RelayedStream(answer, on_done, response_headers, request.url.path, model)
 
 
 class _RelayedStream(StreamingResponse):
     """The model process's stream, passed on chunk by chunk; however it ends (done, the client gone
     before or during it, the process gone), the upstream answer is closed and on_done runs once."""
 
-    def __init__(self, answer: UpstreamResponse, on_done: Callable[[], None], headers: dict[str, str]) -> None:
-        super().__init__(_chunks(answer), status_code=answer.status, headers=headers)
+    def __init__(self, answer: UpstreamResponse, on_done: Callable[[], None], headers: dict[str, str], path: str,
+                 model: str) -> None:
+        super().__init__(_chunks(answer, path, model), status_code=answer.status, headers=headers)
         self._answer, self._on_done = answer, on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -63,9 +66,28 @@ class _RelayedStream(StreamingResponse):
             self._on_done()
 
 
-async def _chunks(answer: UpstreamResponse) -> AsyncIterator[bytes]:
+async def _chunks(answer: UpstreamResponse, path: str, model: str) -> AsyncIterator[bytes]:
+    last = b"\n"
     try:
         async for chunk in answer.chunks():
+            last = chunk or last
             yield chunk
-    except UpstreamError:
-        return  # the process ended mid-stream: the client sees the stream end without its final event
+    except UpstreamError:  # the process ended mid-stream: the stream ends with the dialect's error event
+        message = f"the model process for '{model}' stopped while answering (it may have crashed); the next request loads it again"
+        yield (b"" if last.endswith(b"\n") else b"\n\n") + failure_event(path, message, last).encode()
+
+
+def failure_event(path: str, message: str, last: bytes) -> str:
+    """The event that ends a stream whose process is gone, in the stream's own dialect."""
+    if path.startswith("/api/"):  # Ollama: NDJSON
+        return json.dumps({"error": message}) + "\n"
+    if path.startswith("/v1/messages"):
+        body = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return f"event: error\ndata: {json.dumps(body)}\n\n"
+    if path.startswith("/v1/responses"):  # its events are numbered: this one follows the last relayed
+        numbers = re.findall(rb'"sequence_number": ?(\d+)', last)
+        body = {"type": "error", "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
+                "code": "model_process_failed", "message": message, "param": None}
+        return f"event: error\ndata: {json.dumps(body)}\n\n"
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "model_process_failed"}}
+    return f"data: {json.dumps(body)}\n\n"

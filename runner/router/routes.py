@@ -15,7 +15,7 @@ from runner.core.errors import OptionError
 from runner.router import ollama
 from runner.router.keep_alive import parse_keep_alive
 from runner.router.metrics import labelled
-from runner.router.model_pool import ModelStatus, PoolError
+from runner.router.model_pool import ModelState, ModelStatus, PoolError
 from runner.router.proxy import forward
 from runner.router.state import RouterState
 from runner.router.upstream import Upstream, UpstreamError
@@ -143,9 +143,11 @@ async def _named_in_body(state: RouterState, request: Request) -> str:
 
 # -- about the server --------------------------------------------------------------------------
 async def health(state: RouterState, request: Request) -> Response:
-    loaded = {s.model.name: s.state.value for s in state.pool.statuses() if s.state.value != "unloaded"}
+    statuses = state.pool.statuses()
+    loaded = {s.model.name: s.state.value for s in statuses if s.state is not ModelState.UNLOADED}
+    failed = {s.model.name: s.failure for s in statuses if s.state is ModelState.FAILED}
     return JSONResponse({"status": "ok", "model": state.pool.default, "slot_context": state.slot_context,
-                         "models": loaded})
+                         "models": loaded, "failed": failed})
 
 
 async def slots(state: RouterState, request: Request) -> Response:

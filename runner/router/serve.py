@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Callable
@@ -20,7 +21,9 @@ from runner.router.keep_alive import describe, parse_keep_alive
 from runner.router.model_process import ModelProcess
 from runner.router.servable import ServableModel, name_of, read_models_config, servable_models
 from runner.runtime.gguf_file import GgufInfo, read_gguf
-from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes
+from runner.runtime.gpu_fit import Offload
+from runner.runtime.layer_split import parse_tensor_split
+from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes, layer_costs
 from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, run_listening, serve_flags_for_models
 
 DEFAULT_KEEP_ALIVE = "30m"
@@ -58,6 +61,8 @@ def _size(text: str) -> int:
 
 
 def is_router(args: argparse.Namespace) -> bool:
+    if args.rpc and not args.model_process:  # a lost RPC worker aborts the process holding the model: not this one
+        return True
     return (len(args.models) != 1 or args.models_dir is not None or args.models_config is not None) and not (
         not args.models and embedded_model() is not None)  # the executable serves the model it carries
 
@@ -156,4 +161,10 @@ def memory_plan_bytes(model: ServableModel, store: ModelStore) -> int:
             plan = plan.with_draft(MemoryPlan.for_model(read_gguf(store.resolve(draft)[0]), opts))
         except RunnerError:
             pass  # the model process says what is wrong with its draft
+    if opts.rpc:  # what stays on this machine: the workers hold the rest (asked of no worker here: each serves one head)
+        costs = layer_costs(info, opts)
+        split = parse_tensor_split(opts.tensor_split, len(opts.rpc.split(",")))
+        n_offloaded = split.n_gpu_layers(costs.n_layer) if split else -1
+        offload = Offload(n_offloaded, costs.n_layer, costs.on_gpu(n_offloaded), 0, (), False)
+        return dataclasses.replace(plan, offload=offload).ram_bytes
     return plan.total_bytes

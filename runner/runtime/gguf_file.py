@@ -39,6 +39,7 @@ class GgufInfo:
     # embeddings when the head is tied to them): what a GPU offload of N layers places there
     layer_weight_bytes: tuple[int, ...] = ()
     output_weight_bytes: int = 0
+    embedding_bytes: int = 0  # the token embeddings (they stay on the CPU)
 
     @property
     def architecture(self) -> str:
@@ -214,4 +215,5 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
     head = named.get("output.weight", named.get("token_embd.weight", 0))  # tied: the embeddings, duplicated
     head += sum(n for name, n in named.items() if name.startswith("output_norm."))
     per_layer = tuple(layers.get(i, 0) for i in range(max(layers) + 1)) if layers else ()
-    return GgufInfo(path, file_size, metadata, n_tensors, n_params, total, per_layer, head)
+    return GgufInfo(path, file_size, metadata, n_tensors, n_params, total, per_layer, head,
+                    named.get("token_embd.weight", 0))

@@ -34,7 +34,13 @@ BUILD_HINT = ('this llama-cpp-python was built without RPC; rebuild it with it: 
 
 
 class RpcError(RunnerError):
-    """A worker that cannot be used (unreachable, busy, another protocol), or a build without RPC."""
+    """A worker that cannot be used (another protocol, no device), or a build without RPC."""
+
+
+class WorkerUnreachable(RpcError):
+    """A worker that does not answer (down, busy with another head): it may later."""
+
+    unavailable = True
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,10 @@ def hello(endpoint: Endpoint, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, 
             sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
             answer = _receive(sock, 8 + 4 + _CAPS)
     except socket.timeout:
-        raise RpcError(f"RPC worker {endpoint.text} did not answer within {timeout_s:g} s (a worker serves one "
+        raise WorkerUnreachable(f"RPC worker {endpoint.text} did not answer within {timeout_s:g} s (a worker serves one "
                        "head at a time: is another runner using it?)") from None
     except OSError as exc:
-        raise RpcError(f"cannot reach RPC worker {endpoint.text}: {exc.strerror or exc}") from None
+        raise WorkerUnreachable(f"cannot reach RPC worker {endpoint.text}: {exc.strerror or exc}") from None
     size = struct.unpack_from("<Q", answer)[0]
     major, minor, patch = answer[8], answer[9], answer[10]
     if size != 4 + _CAPS or major != PROTOCOL[0] or minor > PROTOCOL[1]:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from runner.config.options import EngineOptions
-from runner.router.model_pool import ModelPool, ModelState, PoolError
+from runner.router.model_pool import RETRY_AFTER_S, ModelPool, ModelState, PoolError
 from runner.router.model_process import LoadFailed
 from runner.router.servable import ServableModel
 
@@ -34,7 +34,7 @@ class FakeProcess:
         if self._gate is not None:
             await self._gate.wait()
         if self._failure:
-            raise LoadFailed(self._failure)
+            raise LoadFailed(self._failure, unavailable="worker" in self._failure)
         self._alive = True
 
     async def stop(self) -> None:
@@ -52,6 +52,9 @@ class FakeProcess:
 
     def crash(self) -> None:
         self._alive = False
+
+    def failure_reason(self) -> str:
+        return f"the model process for '{self.model.name}' ended (signal SIGABRT)"
 
 
 class Clock:
@@ -132,7 +135,7 @@ def test_a_failed_load_answers_every_waiter_and_the_next_request_tries_again() -
         assert len(results) == 3 and log == ["start a"]
         with pytest.raises(PoolError):
             await pool.acquire("a")
-        assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.UNLOADED
+        assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.FAILED
 
     run(test)
 
@@ -265,9 +268,32 @@ def test_a_crashed_process_is_loaded_again_by_the_next_request() -> None:
         pool, processes = make_pool(["a"], log)
         await pool.load("a")
         processes["a"].crash()
-        assert pool.statuses()[0].state is ModelState.UNLOADED
+        status = pool.statuses()[0]
+        assert status.state is ModelState.FAILED and status.failure == "the model process for 'a' ended (signal SIGABRT)"
         await pool.acquire("a")
-        assert log == ["start a", "start a"] and pool.statuses()[0].state is ModelState.LOADED
+        status = pool.statuses()[0]
+        assert log == ["start a", "start a"] and status.state is ModelState.LOADED and status.failure == ""
+
+    run(test)
+
+
+def test_a_model_whose_rpc_worker_is_down_is_503_and_failed_until_a_load_succeeds() -> None:
+    log: list[str] = []
+    failures = {"a": "cannot reach RPC worker 127.0.0.1:50052: Connection refused", "b": "not a GGUF"}
+
+    async def test() -> None:
+        pool, _ = make_pool(["a", "b"], log, failures=failures)
+        with pytest.raises(PoolError) as down:
+            await pool.acquire("a")
+        assert (down.value.status, down.value.code, down.value.retry_after_s) == (503, "model_unavailable", RETRY_AFTER_S)
+        with pytest.raises(PoolError) as broken:
+            await pool.acquire("b")
+        assert (broken.value.status, broken.value.code) == (500, "model_load_failed")
+        assert {s.model.name: (s.state, s.failure) for s in pool.statuses()} == {
+            "a": (ModelState.FAILED, failures["a"]), "b": (ModelState.FAILED, "not a GGUF")}
+        del failures["a"]  # the worker is back
+        await pool.acquire("a")
+        assert pool.statuses()[0].state is ModelState.LOADED and pool.statuses()[0].failure == ""
 
     run(test)
 
