@@ -32,7 +32,7 @@ from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.layer_split import device_shares, parse_tensor_split
 from runner.runtime.gpu_fit import parse_gpu_layers, plan_offload
-from runner.runtime.llama import Context, ContextShape, Model, in_scratch_thread, list_devices
+from runner.runtime.llama import Context, ContextShape, Model, has_rpc_devices, in_scratch_thread, list_devices
 from runner.runtime.memory_plan import MemoryPlan, layer_costs
 from runner.runtime.model_runner import ModelRunner
 from runner.sampling.constraints import Constraint, GrammarSpec, compile_constraint
@@ -76,7 +76,7 @@ class LoadedModel:
         self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
         workers = self._rpc_workers()
-        self.devices = list_devices() if devices is None else devices
+        self.devices = (list_devices() if devices is None else devices) + workers
         split = parse_tensor_split(self.options.tensor_split, len(workers)) if workers else None
         if self.options.tensor_split and not workers:
             raise OptionError("--tensor-split shares the layers between this machine and --rpc workers: add --rpc")
@@ -91,13 +91,15 @@ class LoadedModel:
                 + self.options.media_cache_mb * 2**20)
         self.memory_plan.check()
         log(self.memory_plan.describe())
+        by_llama_order = workers + [d for d in self.offload.devices if d not in workers]  # (llama.cpp's: RPC first)
+        # named where this process has workers registered: this model's, never another model's
+        self.layer_devices = [d.name for d in by_llama_order] if workers or has_rpc_devices() else None
         if workers:  # where each layer goes, worker by worker, before the weights are sent
-            by_llama_order = workers + [d for d in self.offload.devices if d not in workers]
             shares = list(split.devices) + [0.0] * (len(by_llama_order) - len(workers)) if split else None
             for share in device_shares(costs, self.offload.n_gpu_layers, by_llama_order, shares,
                                        self.info.embedding_bytes):
                 log(f"  {share.describe()}")
-        self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else ())
+        self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else (), self.layer_devices)
         try:
             self.template = ChatTemplate.for_model(
                 self.model.chat_template,
@@ -197,7 +199,7 @@ class LoadedModel:
             both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
             both.check()
             log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
-            draft_model = Model(draft_path, draft_offload.n_gpu_layers)
+            draft_model = Model(draft_path, draft_offload.n_gpu_layers, devices=self.layer_devices)
             try:
                 drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
             except BaseException:
@@ -214,7 +216,8 @@ class LoadedModel:
 
     def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
         opts, shape = self.options, context.shape
-        key = calibration_key(path, opts.threads, self.offload.n_gpu_layers, shape.n_seq, shape.n_ubatch)
+        key = calibration_key(path, opts.threads, self.offload.n_gpu_layers, shape.n_seq, shape.n_ubatch,
+                              f"{opts.rpc}/{opts.tensor_split}" if opts.rpc else "")
 
         def calibrate() -> dict:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")

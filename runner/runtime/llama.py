@@ -105,19 +105,38 @@ def _ggml_devices_api() -> ctypes.CDLL:
         ("ggml_backend_dev_description", ctypes.c_char_p, [p]),
         ("ggml_backend_dev_type", ctypes.c_int, [p]),
         ("ggml_backend_dev_memory", None, [p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+        ("ggml_backend_dev_backend_reg", p, [p]),
+        ("ggml_backend_reg_name", ctypes.c_char_p, [p]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib
 
 
-def list_devices() -> list[Device]:
-    """Every device this llama.cpp build registered (the CPU, then any GPU), with its free memory now."""
+def _device_handles(rpc: bool) -> dict[str, int]:
+    """llama.cpp's device handles by name: the local ones, and with `rpc` the RPC workers registered
+    in this process too (asking a worker anything, its memory included, aborts the process once the
+    worker is gone: only a model placed on workers touches them)."""
     init_backend()
     lib = _ggml_devices_api()
-    devices = []
+    handles = {}
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
+        if rpc or lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)) != b"RPC":
+            handles[(lib.ggml_backend_dev_name(dev) or b"?").decode()] = dev
+    return handles
+
+
+def has_rpc_devices() -> bool:
+    return len(_device_handles(rpc=True)) > len(_device_handles(rpc=False))
+
+
+def list_devices(rpc: bool = False) -> list[Device]:
+    """Every device this llama.cpp build registered (the CPU, then any GPU; with `rpc`, the RPC workers
+    this process registered), with its free memory now."""
+    lib = _ggml_devices_api()
+    devices = []
+    for dev in _device_handles(rpc).values():
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         kind = lib.ggml_backend_dev_type(dev)
@@ -161,11 +180,17 @@ def in_scratch_thread(work: Callable[[], T]) -> T:
 class Model:
     """Weights and vocabulary of one GGUF file."""
 
-    def __init__(self, path: Path, n_gpu_layers: int = 0, tensor_split: Sequence[float] = ()) -> None:
-        """`tensor_split`: each layer device's share, in llama.cpp's device order (empty: by free memory)."""
+    def __init__(self, path: Path, n_gpu_layers: int = 0, tensor_split: Sequence[float] = (),
+                 devices: Sequence[str] | None = None) -> None:
+        """`devices`: the layer devices by name, in order (None: llama.cpp's choice, every local GPU);
+        `tensor_split`: each one's share of the layers (empty: by free memory)."""
         init_backend()
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        if devices is not None:  # a NULL-terminated list
+            handles = _device_handles(rpc=True)
+            self._devices = (ctypes.c_void_p * (len(devices) + 1))(*(handles[name] for name in devices), None)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         if tensor_split:  # (llama.cpp copies the array while loading)
             shares = (ctypes.c_float * _lc.llama_max_devices())(*tensor_split)
             params.tensor_split = ctypes.cast(shares, ctypes.POINTER(ctypes.c_float))

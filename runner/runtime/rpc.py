@@ -170,7 +170,7 @@ def add_workers(endpoints: list[Endpoint], timeout_s: float = PROBE_TIMEOUT_S) -
         _added[endpoint] = [n for i in range(lib.ggml_backend_dev_count())
                             if (n := _device_name(lib, i)) not in before]
     names = [name for endpoint in endpoints for name in _added[endpoint]]
-    return [d for name in names for d in list_devices() if d.name == name]
+    return [d for name in names for d in list_devices(rpc=True) if d.name == name]
 
 
 def _device_name(lib: ctypes.CDLL, index: int) -> str:
