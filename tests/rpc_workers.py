@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from runner.runtime.rpc import Endpoint, RpcError, hello
 
@@ -17,8 +18,9 @@ def free_port() -> int:
 
 
 class Worker:
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, cache_dir: Path | None = None) -> None:
         self.port = port or free_port()
+        self.cache_dir = cache_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -27,8 +29,9 @@ class Worker:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "runner", "rpc-worker", "--port", str(self.port),
-                                      "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cache = ["--cache-dir", str(self.cache_dir)] if self.cache_dir else []
+        self.proc = subprocess.Popen([sys.executable, "-m", "runner", "rpc-worker", "--port", str(self.port), *cache],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while True:
             try:
