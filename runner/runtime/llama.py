@@ -89,10 +89,6 @@ def library_version() -> str:
     return _lc.__version__
 
 
-def supports_gpu_offload() -> bool:
-    return bool(_lc.llama_supports_gpu_offload())
-
-
 @functools.cache
 def _ggml_devices_api() -> ctypes.CDLL:
     """ggml's device registry (exported by the ggml libraries libllama loads; not bound by llama_cpp)."""
