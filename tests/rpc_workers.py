@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from runner.runtime.rpc import Endpoint, RpcError, hello
+from runner.runtime.rpc import RpcError, hello
+from runner.runtime.rpc_address import Endpoint
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ model too big for it alone (its `--rpc HOST:PORT`), through llama.cpp's RPC back
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ UNSAFE_NOTE = ("runner: note: the RPC protocol has no authentication and no encr
 
 
 def add_rpc_worker_flags(p: argparse.ArgumentParser) -> None:
-    from runner.runtime.rpc import DEFAULT_PORT
+    from runner.runtime.rpc_address import DEFAULT_PORT
 
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; any other needs --allow-network)")
@@ -35,10 +34,11 @@ def add_rpc_worker_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_rpc_worker(args: argparse.Namespace) -> int:
     from runner.runtime import rpc
+    from runner.runtime.llama import show_errors
+    from runner.runtime.rpc_address import parse_endpoint
 
-    os.environ.setdefault("RUNNER_LLAMA_LOG", "1")  # ggml-rpc's errors (a head of another version) are shown
     rpc.require_rpc()
-    endpoint = rpc.parse_endpoint(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
+    endpoint = parse_endpoint(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
     if not endpoint.is_loopback:
         if not args.allow_network:
             raise RunnerError(f"--host {args.host} lets other machines use this one through an unauthenticated "
@@ -49,6 +49,7 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
         args.cache_dir.mkdir(parents=True, exist_ok=True)
     print(f"runner: RPC worker on {endpoint.text} serving {', '.join(names)} (protocol "
           f"{rpc.PROTOCOL[0]}.{rpc.PROTOCOL[1]}); heads connect with --rpc {endpoint.text}", file=sys.stderr, flush=True)
+    show_errors()  # ggml-rpc's complaints (a head of another version) go to its log
     rpc.serve_worker(endpoint, args.cache_dir, args.threads, names)
     raise RunnerError(f"cannot listen on {endpoint.text} (in use by another process?)")
 

@@ -31,6 +31,7 @@ from runner.runtime.draft_agreement import measure_agreement
 from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.layer_split import device_shares, parse_tensor_split
+from runner.runtime.rpc_address import parse_workers
 from runner.runtime.gpu_fit import parse_gpu_layers, plan_offload
 from runner.runtime.llama import Context, ContextShape, Model, has_rpc_devices, in_scratch_thread, list_devices
 from runner.runtime.memory_plan import MemoryPlan, layer_costs
@@ -145,7 +146,7 @@ class LoadedModel:
             return []
         from runner.runtime import rpc  # (ggml-rpc is looked up only for a model placed on workers)
 
-        return rpc.add_workers(rpc.parse_workers(self.options.rpc))
+        return rpc.add_workers(parse_workers(self.options.rpc))
 
     def _projector(self) -> Projector | None:
         """The model's mmproj, loaded beside it; its images decode through the runner."""

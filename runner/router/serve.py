@@ -24,6 +24,7 @@ from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.gpu_fit import Offload
 from runner.runtime.layer_split import parse_tensor_split
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes, layer_costs
+from runner.runtime.rpc_address import parse_workers
 from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, run_listening, serve_flags_for_models
 
 DEFAULT_KEEP_ALIVE = "30m"
@@ -86,6 +87,8 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
 
     store = ModelStore()
     options = from_args(EngineOptions, args)
+    if options.rpc:
+        parse_workers(options.rpc)  # a malformed --rpc is one line now, not a failed load per request
     config = read_models_config(args.models_config) if args.models_config else {}
     for name in args.pin:
         config.setdefault(name, {})["pin"] = True
@@ -163,7 +166,7 @@ def memory_plan_bytes(model: ServableModel, store: ModelStore) -> int:
             pass  # the model process says what is wrong with its draft
     if opts.rpc:  # what stays on this machine: the workers hold the rest (asked of no worker here: each serves one head)
         costs = layer_costs(info, opts)
-        split = parse_tensor_split(opts.tensor_split, len(opts.rpc.split(",")))
+        split = parse_tensor_split(opts.tensor_split, len(parse_workers(opts.rpc)))
         n_offloaded = split.n_gpu_layers(costs.n_layer) if split else -1
         offload = Offload(n_offloaded, costs.n_layer, costs.on_gpu(n_offloaded), 0, (), False)
         return dataclasses.replace(plan, offload=offload).ram_bytes

@@ -37,10 +37,20 @@ def _log_to_ring(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # llama.cpp is chatty on stderr; keep its recent lines to explain a failure instead.
     line = text.decode("utf-8", "replace")
     _recent_log.append(line)
-    if level == _LOG_LEVEL_ERROR and os.environ.get("RUNNER_LLAMA_LOG"):
+    if level == _LOG_LEVEL_ERROR and (_show_errors or os.environ.get("RUNNER_LLAMA_LOG")):
         print(line, end="", flush=True)
     elif os.environ.get("RUNNER_LLAMA_LOG") == "all" and level != _LOG_LEVEL_CONT:
         print(line, end="", flush=True)
+
+
+_show_errors = False
+
+
+def show_errors() -> None:
+    """From now on llama.cpp's (and ggml's) error lines are printed as well as kept (an RPC worker
+    has no other way to say what went wrong with a head)."""
+    global _show_errors
+    _show_errors = True
 
 
 def log_callback() -> Any:

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import re
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as _lc
 
-from runner.core.errors import OptionError, RunnerError
+from runner.core.errors import RunnerError
 from runner.runtime.devices import Device
 from runner.runtime.llama import init_backend, list_devices
+from runner.runtime.rpc_address import Endpoint
 
-DEFAULT_PORT = 50052
 PROTOCOL = (7, 0)  # ggml-rpc.h's RPC_PROTO_MAJOR/MINOR_VERSION in the llama.cpp runner is built on
 PROBE_TIMEOUT_S = 5.0
 _HELLO = 14  # RPC_CMD_HELLO: "must be always 14", so every version can be asked which it is
@@ -41,39 +39,6 @@ class WorkerUnreachable(RpcError):
     """A worker that does not answer (down, busy with another head): it may later."""
 
     unavailable = True
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    @property
-    def text(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def is_loopback(self) -> bool:
-        return self.host in ("localhost", "::1") or self.host.startswith("127.")
-
-
-def parse_endpoint(text: str, default_port: int | None = None) -> Endpoint:
-    """HOST:PORT (IPv6 as [ADDR]:PORT); the port may be left out where there is a default."""
-    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([A-Za-z0-9.\-]+)(?::(\d+))?", text.strip())
-    host = match and (match[1] or match[3])
-    port_text = match and (match[2] or match[4])
-    port = int(port_text) if port_text else default_port
-    if not host or port is None or not 0 < port < 65536:
-        raise OptionError(f"not an RPC worker address: {text!r} (expected HOST:PORT, e.g. 192.168.1.20:{DEFAULT_PORT})")
-    return Endpoint(host, port)
-
-
-def parse_workers(text: str) -> list[Endpoint]:
-    """--rpc's HOST:PORT[,HOST:PORT...] (each once)."""
-    endpoints = [parse_endpoint(part) for part in text.split(",")]
-    if len(set(endpoints)) != len(endpoints):
-        raise OptionError(f"--rpc names a worker twice: {text!r}")
-    return endpoints
 
 
 def supports_rpc() -> bool:
@@ -99,10 +64,11 @@ def hello(endpoint: Endpoint, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, 
         raise WorkerUnreachable(f"cannot reach RPC worker {endpoint.text}: {exc.strerror or exc}") from None
     size = struct.unpack_from("<Q", answer)[0]
     major, minor, patch = answer[8], answer[9], answer[10]
-    if size != 4 + _CAPS or major != PROTOCOL[0] or minor > PROTOCOL[1]:
-        version = f"{major}.{minor}.{patch}" if size == 4 + _CAPS else "an unknown version"
-        raise RpcError(f"RPC worker {endpoint.text} speaks protocol {version}, this runner {PROTOCOL[0]}.{PROTOCOL[1]}: "
-                       "run the same runner build on every host")
+    if size != 4 + _CAPS:
+        raise RpcError(f"{endpoint.text} did not answer as an RPC worker does (wrong port?)")
+    if major != PROTOCOL[0] or minor > PROTOCOL[1]:
+        raise RpcError(f"RPC worker {endpoint.text} speaks protocol {major}.{minor}.{patch}, this runner "
+                       f"{PROTOCOL[0]}.{PROTOCOL[1]}: run the same runner build on every host")
     return major, minor, patch
 
 

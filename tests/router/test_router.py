@@ -56,8 +56,8 @@ def reply_text(response: httpx.Response) -> str:
 
 
 def stream_text(server: ServerProcess, model: str, content: str, max_tokens: int,
-                on_first: threading.Event | None = None) -> tuple[str, bool]:
-    """The streamed reply's text, and whether the stream ended with [DONE]."""
+                on_first: threading.Event | None = None, errors: list[dict] | None = None) -> tuple[str, bool]:
+    """The streamed reply's text, and whether the stream ended with [DONE] (error events into `errors`)."""
     text, done = "", False
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True}
@@ -66,6 +66,8 @@ def stream_text(server: ServerProcess, model: str, content: str, max_tokens: int
             for line in response.iter_lines():
                 if line == "data: [DONE]":
                     done = True
+                elif line.startswith("data: ") and "error" in json.loads(line[6:]):
+                    (errors if errors is not None else []).append(json.loads(line[6:])["error"])
                 elif line.startswith("data: "):
                     delta = json.loads(line[6:])["choices"][0]["delta"]
                     text += delta.get("content") or ""
@@ -174,13 +176,16 @@ def test_a_crashed_model_process_fails_only_its_own_requests_and_loads_again(rou
     before = listed(router)[GEMMA]
     first = threading.Event()
     got: list[tuple[str, bool]] = []
+    errors: list[dict] = []
     streaming = threading.Thread(target=lambda: got.append(stream_text(router, GEMMA, "Tell me a long story.", 400,
-                                                                       first)))
+                                                                       first, errors)))
     streaming.start()
     assert first.wait(60)
     os.kill(before["pid"], signal.SIGKILL)  # as a native abort would end it
     streaming.join()
-    assert got[0][1] is False  # the stream ended without [DONE]
+    assert got[0][1] is False and [e["code"] for e in errors] == ["model_process_failed"]  # an error, no [DONE]
+    health = router.get("/health").json()
+    assert health["models"][GEMMA] == "failed" and "signal SIGKILL" in health["failed"][GEMMA]
     assert reply_text(chat(router, SMOL, "Hi", max_tokens=2)) and router.get("/health").status_code == 200
     assert reply_text(chat(router, GEMMA, "Hi", max_tokens=2))
     after = listed(router)[GEMMA]

@@ -3,6 +3,7 @@ what it computes locally, and every way a worker can be wrong is one line, never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from rpc_workers import Worker, free_port
 from runner.cli.main import main
 from runner.core.errors import OptionError
 from runner.runtime import rpc
+from runner.runtime.rpc_address import Endpoint
 from runner.runtime.gpu_fit import LayerCosts
 from runner.runtime.layer_split import device_shares, parse_tensor_split, place_units
 from runner.runtime.devices import Device
@@ -28,9 +30,11 @@ HEAD = """
 import json, sys
 import numpy as np
 from runner.runtime import rpc
+from runner.runtime.rpc_address import Endpoint
 from runner.runtime.llama import Batch, Context, ContextShape, Model
 path, workers = sys.argv[1], sys.argv[2]
-names = [d.name for d in rpc.add_workers(rpc.parse_workers(workers))] if workers else None
+from runner.runtime.rpc_address import parse_workers
+names = [d.name for d in rpc.add_workers(parse_workers(workers))] if workers else None
 model = Model(path, -1 if names else 0, devices=names)
 ctx = Context(model, ContextShape(n_seq=1, n_ctx_per_seq=64, n_batch=64, n_threads=1))
 ids = model.tokenize("the quick brown fox")
@@ -96,12 +100,12 @@ def test_a_worker_that_is_not_there_or_a_malformed_address_is_one_line(tiny_gguf
 
 
 class FakeWorker:
-    """A listener that answers HELLO with another protocol version, or never answers."""
+    """A listener that answers HELLO with another protocol version, as an HTTP server would, or never."""
 
-    def __init__(self, version: tuple[int, int, int] | None) -> None:
+    def __init__(self, version: tuple[int, int, int] | None, reply: bytes = b"") -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.version = version
+        self.version, self.reply = version, reply
         self.asked = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -112,26 +116,37 @@ class FakeWorker:
             request = conn.recv(1 + 8 + 24, socket.MSG_WAITALL)
             self.asked.set()
             assert request[0] == 14 and struct.unpack_from("<Q", request, 1)[0] == 24
-            if self.version is None:
-                conn.recv(1)  # silent until the head hangs up
-                return
-            conn.sendall(struct.pack("<Q", 28) + bytes([*self.version, 0]) + bytes(24))
-            conn.recv(1)
+            conn.sendall(self.reply if self.version is None else
+                         struct.pack("<Q", 28) + bytes([*self.version, 0]) + bytes(24))
+            with contextlib.suppress(OSError):  # (a head that hangs up on unread bytes resets the connection)
+                conn.recv(1)  # until the head hangs up
 
 
 def test_a_worker_of_another_protocol_version_is_one_line_before_llama_cpp_sees_it() -> None:
     fake = FakeWorker((6, 1, 0))
     with pytest.raises(rpc.RpcError) as refused:
-        rpc.hello(rpc.Endpoint("127.0.0.1", fake.port))
+        rpc.hello(Endpoint("127.0.0.1", fake.port))
     assert str(refused.value) == (f"RPC worker 127.0.0.1:{fake.port} speaks protocol 6.1.0, this runner 7.0: "
                                   "run the same runner build on every host")
     assert not refused.value.unavailable  # (a router answers 500: retrying will not help)
 
 
+def test_a_port_where_something_else_listens_is_one_line() -> None:
+    fake = FakeWorker(None, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    with pytest.raises(rpc.RpcError) as wrong:
+        rpc.hello(Endpoint("127.0.0.1", fake.port))
+    assert str(wrong.value) == f"127.0.0.1:{fake.port} did not answer as an RPC worker does (wrong port?)"
+
+
+def test_serve_with_a_malformed_rpc_address_is_one_line_before_it_listens(tiny_gguf: Path) -> None:
+    assert one_error_line(cli("serve", str(tiny_gguf), "--port", "0", "--rpc", "127.0.0.1:0")) == (
+        "not an RPC worker address: '127.0.0.1:0' (expected HOST:PORT, e.g. 192.168.1.20:50052)")
+
+
 def test_a_worker_that_never_answers_is_one_line_after_the_time_out() -> None:
     fake = FakeWorker(None)
     with pytest.raises(rpc.WorkerUnreachable) as silent:
-        rpc.hello(rpc.Endpoint("127.0.0.1", fake.port), timeout_s=0.5)
+        rpc.hello(Endpoint("127.0.0.1", fake.port), timeout_s=0.5)
     assert fake.asked.is_set() and "did not answer within 0.5 s" in str(silent.value)
 
 
