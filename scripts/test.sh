@@ -10,8 +10,14 @@ cd "$(dirname "$0")/.."
 case " ${CMAKE_ARGS:-} " in *GGML_RPC*) ;; *) export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=on" ;; esac
 .venv/bin/pip install -q -e ".[test]"
 if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())"; then
-  echo "scripts/test.sh: building llama-cpp-python with RPC (the cached build has none)" >&2
-  .venv/bin/pip install -q --force-reinstall --no-deps --no-cache-dir "$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+  pinned="$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+  # kept by version and CMAKE_ARGS, so the build happens once per machine
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/runner/wheels/$(echo "$pinned $CMAKE_ARGS" | sha256sum | cut -c1-16)"
+  if ! ls "$wheels"/llama_cpp_python-*.whl > /dev/null 2>&1; then
+    echo "scripts/test.sh: building llama-cpp-python with RPC (the cached build has none; ~8-10 min)" >&2
+    .venv/bin/pip wheel -q --no-deps --no-cache-dir "$pinned" -w "$wheels"
+  fi
+  .venv/bin/pip install -q --force-reinstall --no-deps "$wheels"/llama_cpp_python-*.whl
 fi
 if [ -z "${RUNNER_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
   if command -v apt-get > /dev/null && [ "$(id -u)" = 0 ]; then
