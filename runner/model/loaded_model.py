@@ -169,9 +169,10 @@ class LoadedModel:
         return ("text",) + (("image",) if p and p.takes_images else ()) + (("audio",) if p and p.takes_audio else ())
 
     def image_chunk(self, data: bytes) -> ImageChunk:
-        """An image as its prompt span (MediaError when the projector cannot read it)."""
-        assert self.projector is not None
-        return self.projector.chunk(data)
+        """An image as its prompt span, encoded on the caller's thread (the engine's steps go on
+        meanwhile); MediaError when the projector cannot read it."""
+        assert self.projector is not None and self.runner.images is not None
+        return self.runner.images.ready(self.projector.chunk(data))
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:

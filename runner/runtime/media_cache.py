@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -15,22 +16,25 @@ class MediaCache:
         self.n_bytes = 0
         self.n_hits = 0
         self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # requests' threads encode ahead while the engine decodes
 
     def get(self, key: str) -> np.ndarray | None:
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-            self.n_hits += 1
-        return found
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                self.n_hits += 1
+            return found
 
     def put(self, key: str, embeddings: np.ndarray) -> None:
-        if key in self._entries or embeddings.nbytes > self.max_bytes:
-            return
-        self._entries[key] = embeddings
-        self.n_bytes += embeddings.nbytes
-        while self.n_bytes > self.max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self.n_bytes -= dropped.nbytes
+        with self._lock:
+            if key in self._entries or embeddings.nbytes > self.max_bytes:
+                return
+            self._entries[key] = embeddings
+            self.n_bytes += embeddings.nbytes
+            while self.n_bytes > self.max_bytes:
+                _, dropped = self._entries.popitem(last=False)
+                self.n_bytes -= dropped.nbytes
 
     def __len__(self) -> int:
         return len(self._entries)

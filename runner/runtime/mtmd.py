@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,8 @@ class ImageChunk:
     before: tuple[int, ...]
     after: tuple[int, ...]
     handle: _ChunkHandle
+    # encoded ahead (off the engine thread), else at decode
+    embeddings: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 class _ChunkHandle:
@@ -129,10 +131,11 @@ class Projector:
         projector asks, in the context's micro-batches); returns the next free position."""
         embd = np.ascontiguousarray(embeddings, dtype=np.float32)
         new_pos = _lc.llama_pos(0)
-        with self._lock:
-            rc = _mtmd.mtmd_helper_decode_image_chunk(
-                self._ptr, context._ptr, image.handle.ptr, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                first_pos, seq_id, context.shape.n_ubatch, ctypes.byref(new_pos), _NO_CALLBACK, None)
+        # no lock: the helper reads only the projector's fixed settings (causal, M-RoPE), so the engine
+        # decodes while another thread encodes the next image
+        rc = _mtmd.mtmd_helper_decode_image_chunk(
+            self._ptr, context._ptr, image.handle.ptr, embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            first_pos, seq_id, context.shape.n_ubatch, ctypes.byref(new_pos), _NO_CALLBACK, None)
         if rc != 0:
             raise RuntimeError(f"decoding an image into the KV failed (code {rc}): {recent_log(2)}")
         return int(new_pos.value)

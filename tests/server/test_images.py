@@ -94,6 +94,28 @@ def test_the_next_turn_reuses_the_images_kv_and_an_evicted_image_is_not_encoded_
     assert images.n_encodes == 2  # another image is encoded
 
 
+def test_an_image_is_encoded_on_the_requests_thread_and_the_engine_only_decodes_it(tiny_gguf: Path,
+                                                                                   mmproj: Path) -> None:
+    from engines import submit_all, token_ids
+    from runner.runtime.media_cache import MediaCache
+    from runner.scheduler.request import GenerationRequest
+    from runner.sampling.params import SamplingParams
+
+    loaded = load_tiny(tiny_gguf, 1, mmproj=str(mmproj))
+    try:
+        images = loaded.runner.images
+        messages, tools, chunks = _one_image_prompt(loaded)  # image_chunk: what the pipeline calls off the engine
+        assert images.n_encodes == 1 and chunks[0].embeddings is not None
+        assert chunks[0].embeddings.shape == (chunks[0].n_tokens, images.projector.n_embd)
+        images.cache = MediaCache(images.cache.max_bytes)  # not there: an engine that ignored them would encode
+        ids, spans = loaded.chat_prompt(messages, tools, chunks)
+        events = submit_all(loaded.engine, [GenerationRequest("i", ids, SamplingParams(temperature=0.0),
+                                                              max_tokens=4, ignore_eos=True, media=spans)])
+    finally:
+        loaded.close()
+    assert len(token_ids(events[0])) == 4 and images.n_encodes == 1
+
+
 def test_a_text_stream_beside_an_image_request_gets_its_tokens_alone(tiny_gguf: Path, mmproj: Path) -> None:
     from engines import submit_all, token_ids
     from runner.scheduler.request import GenerationRequest
