@@ -5,14 +5,18 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
+from runner.core.errors import RunnerError
 from runner.python_api.runner import Runner
-from runner.prompt.chat_template import Message
+from runner.prompt.chat_template import IMAGE_MARK, Message, image_mark
 
 HELP = (
-    "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /help\n"
+    "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /image FILE (send an\n"
+    "image with your next message; a model with a projector, --mmproj)  /help\n"
     'multi-line input: a line with """, then your text, then """ again; Ctrl-C stops a reply, Ctrl-D exits'
 )
 MULTILINE = '"""'
@@ -38,10 +42,23 @@ class ReplyStats:
 class Conversation:
     system: str | None = None
     turns: list[Message] = field(default_factory=list)
+    images: list[Path] = field(default_factory=list)  # every image sent so far, in order
+    attached: list[Path] = field(default_factory=list)  # for the next user message
 
     def messages(self) -> list[Message]:
         head = [Message("system", self.system)] if self.system else []
         return head + self.turns
+
+    def ask(self, text: str) -> None:
+        """The user's next message, with the images attached since the last one before its text."""
+        marks = "".join(image_mark(len(self.images) + i) for i in range(len(self.attached)))
+        self.turns.append(Message("user", marks + text))
+        self.images += self.attached
+        self.attached = []
+
+    def drop_last_question(self) -> None:
+        question = self.turns.pop()
+        del self.images[len(self.images) - question.content.count(IMAGE_MARK) // 2:]
 
 
 class _StopFlag:
@@ -61,13 +78,14 @@ class _StopFlag:
         signal.signal(signal.SIGINT, self._previous)
 
 
-def stream_reply(runner: Runner, messages: list[Message], out: TextIO, **kwargs: Any) -> tuple[str, ReplyStats]:
+def stream_reply(runner: Runner, messages: list[Message], out: TextIO, images: Sequence[Path] = (),
+                 **kwargs: Any) -> tuple[str, ReplyStats]:
     started = time.perf_counter()
     parts: list[str] = []
     ttft: float | None = None
     n_tokens = n_drafted = 0
     with _StopFlag() as stop:
-        events = runner.stream_chat(messages, **kwargs)
+        events = runner.stream_chat(messages, images, **kwargs)
         for event in events:
             if event.token_ids and ttft is None:
                 ttft = time.perf_counter() - started
@@ -92,13 +110,15 @@ def read_user_input(prompt: str = ">>> ") -> str:
     return "\n".join(lines)
 
 
-def run_repl(runner: Runner, system: str | None, **kwargs: Any) -> int:
+def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **kwargs: Any) -> int:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     convo = Conversation(system)
     print(f"chatting with {runner.loaded.name}. /help for commands, Ctrl-D to exit.")
+    for image in images:  # --image: with the first message
+        print(attach_image(convo, runner, str(image)))
     interrupts = 0
     while True:
         try:
@@ -128,24 +148,41 @@ def run_repl(runner: Runner, system: str | None, **kwargs: Any) -> int:
             convo.system = arg.strip() or None
             print(f"(system prompt {'set' if convo.system else 'cleared'})")
             continue
+        if command == "/image":
+            print(attach_image(convo, runner, arg.strip()))
+            continue
         if not text.strip():
             continue
-        convo.turns.append(Message("user", text))
+        convo.ask(text)
         try:
-            reply, stats = stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+            reply, stats = stream_reply(runner, convo.messages(), sys.stdout, convo.images, **kwargs)
         except KeyboardInterrupt:  # Ctrl-C after the line was read, before the reply's own handler took over
             reply, stats = "", ReplyStats(0, 0.0, None, was_stopped=True)
+        except RunnerError as exc:  # an image the projector cannot read: say so, keep chatting
+            reply, stats = "", ReplyStats(0, 0.0, None, was_stopped=True)
+            print(f"runner: error: {exc}", end="")
         print()
         print(stats.line())
         if reply:
             convo.turns.append(Message("assistant", reply))
         else:  # no words (stopped before the first, or an empty reply): the question is dropped too
-            convo.turns.pop()
+            convo.drop_last_question()
 
 
-def run_piped(runner: Runner, system: str | None, **kwargs: Any) -> int:
-    text = sys.stdin.read()
-    convo = Conversation(system, [Message("user", text)])
-    stream_reply(runner, convo.messages(), sys.stdout, **kwargs)
+def attach_image(convo: Conversation, runner: Runner, path_text: str) -> str:
+    """/image FILE: what the user is told."""
+    if not runner.loaded.facts.takes_images:
+        return f"({runner.loaded.name} takes no images: start the chat with --mmproj FILE, a vision projector)"
+    path = Path(path_text).expanduser()
+    if not path_text or not path.is_file():
+        return f"(no such file: {path_text or '/image needs a FILE'})"
+    convo.attached.append(path)
+    return f"({path.name} goes with your next message)"
+
+
+def run_piped(runner: Runner, system: str | None, images: Sequence[Path] = (), **kwargs: Any) -> int:
+    convo = Conversation(system, attached=list(images))
+    convo.ask(sys.stdin.read())
+    stream_reply(runner, convo.messages(), sys.stdout, convo.images, **kwargs)
     print()
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ def _quiet_flag(p: argparse.ArgumentParser) -> None:
 
 def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
     p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--image", action="append", default=[], type=Path, metavar="FILE",
+                   help="an image to send with the prompt (repeatable; a model with a projector, --mmproj)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json-schema", default=None, metavar="FILE|JSON",
                    help="the reply must be JSON following this schema (a file, or the schema itself; '{}': any object)")
@@ -47,8 +50,6 @@ def _generation_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _file_or_text(value: str, flag: str) -> str:
     """The file's text when value names a file, else value itself (inline JSON or grammar)."""
-    from pathlib import Path
-
     path = Path(value).expanduser()
     try:
         is_file = path.is_file()
@@ -78,6 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if sys.stdin.isatty():
             raise RunnerError("no prompt: pass -p TEXT or pipe text on stdin")
         prompt = sys.stdin.read()
+    if args.image and (args.raw or args.beams):
+        raise RunnerError("--image goes into a chat prompt: not with --raw or --beams")
     if args.beams:
         return _run_beams(args, prompt)
     with _open_runner(args) as runner:
@@ -87,8 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
             stats = None
         else:
-            convo = Conversation(args.system, [Message("user", prompt)])
-            _, stats = stream_reply(runner, convo.messages(), sys.stdout, **_generation_kwargs(args))
+            convo = Conversation(args.system, attached=list(args.image))
+            convo.ask(prompt)
+            _, stats = stream_reply(runner, convo.messages(), sys.stdout, convo.images, **_generation_kwargs(args))
         print()
         if args.stats and stats is not None:
             print(stats.line(), file=sys.stderr)
@@ -117,8 +121,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     with _open_runner(args) as runner:
         if sys.stdin.isatty():
-            return run_repl(runner, args.system, **_generation_kwargs(args))
-        return run_piped(runner, args.system, **_generation_kwargs(args))
+            return run_repl(runner, args.system, args.image, **_generation_kwargs(args))
+        return run_piped(runner, args.system, args.image, **_generation_kwargs(args))
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runner.config.options import EngineOptions
+from runner.core.errors import RunnerError
 from runner.model.loaded_model import LoadedModel
 from runner.model.request_builder import (
     beam_requests,
@@ -29,6 +30,9 @@ from runner.prompt.chat_template import Message
 from runner.sampling.constraints import Constraint, GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
+
+if TYPE_CHECKING:
+    from runner.runtime.mtmd import ImageChunk
 
 _ids = itertools.count(1)
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -101,13 +105,35 @@ class Runner:
                 while engine.has_work:
                     engine.step()
 
-    def stream_chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> Iterator[StreamEvent]:
-        prompt_ids = self.loaded.chat_prompt_ids(_messages(messages))
+    def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
+                    **kwargs: Any) -> Iterator[StreamEvent]:
+        """`images`: the conversation's images in order (PNG, JPEG, ... bytes or files), each placed
+        where a message's content holds `image_mark(i)` (prompt.chat_template); the model needs a
+        projector (--mmproj). RunnerError: a model without one, a file or image it cannot read."""
         kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
-        return self.stream(self.request(prompt_ids, **kwargs))
+        if not images:
+            return self.stream(self.request(self.loaded.chat_prompt_ids(_messages(messages)), **kwargs))
+        prompt_ids, media = self.loaded.chat_prompt(_messages(messages), None, self._image_chunks(images))
+        return self.stream(dataclasses.replace(self.request(prompt_ids, **kwargs), media=media))
 
-    def chat(self, messages: list[dict[str, str]] | list[Message], **kwargs: Any) -> str:
-        return "".join(e.text for e in self.stream_chat(messages, **kwargs))
+    def chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
+             **kwargs: Any) -> str:
+        return "".join(e.text for e in self.stream_chat(messages, images, **kwargs))
+
+    def _image_chunks(self, images: Sequence[bytes | Path]) -> list[ImageChunk]:
+        if not self.loaded.facts.takes_images:
+            raise RunnerError(f"{self.loaded.name} takes no images: give it a vision projector (--mmproj FILE)")
+        chunks = []
+        for image in images:
+            where = str(image) if isinstance(image, Path) else f"image {len(chunks) + 1}"
+            try:
+                data = image.read_bytes() if isinstance(image, Path) else image
+                chunks.append(self.loaded.image_chunk(data))
+            except OSError as exc:
+                raise RunnerError(f"cannot read {where}: {exc.strerror}") from None
+            except ValueError as exc:  # (runtime.mtmd.MediaError)
+                raise RunnerError(f"{where}: {exc}") from None
+        return chunks
 
     def complete(self, prompt: str, **kwargs: Any) -> str:
         request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
