@@ -85,7 +85,7 @@ def stream_reply(runner: Runner, messages: list[Message], out: TextIO, images: S
     ttft: float | None = None
     n_tokens = n_drafted = 0
     with _StopFlag() as stop:
-        events = runner.stream_chat(messages, images, **kwargs)
+        events = runner.stream_chat(messages, images=images, **kwargs)
         for event in events:
             if event.token_ids and ttft is None:
                 ttft = time.perf_counter() - started
