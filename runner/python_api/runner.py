@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +30,6 @@ from runner.prompt.chat_template import Message
 from runner.sampling.constraints import Constraint, GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
-
-if TYPE_CHECKING:
-    from runner.runtime.mtmd import ImageChunk
 
 _ids = itertools.count(1)
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -120,7 +117,8 @@ class Runner:
              **kwargs: Any) -> str:
         return "".join(e.text for e in self.stream_chat(messages, images, **kwargs))
 
-    def _image_chunks(self, images: Sequence[bytes | Path]) -> list[ImageChunk]:
+    def _image_chunks(self, images: Sequence[bytes | Path]) -> list[Any]:
+        """Each image as the model's span, encoded (LoadedModel.image_chunk)."""
         if not self.loaded.facts.takes_images:
             raise RunnerError(f"{self.loaded.name} takes no images: give it a vision projector (--mmproj FILE)")
         chunks = []
