@@ -32,6 +32,7 @@ class CatalogEntry:
     draft: str | None
     sources: tuple[PypiSource, ...]
     hub: str = ""  # a Hub reference (hf.co/ORG/REPO:QUANT) to pull it from
+    inputs: tuple[str, ...] = ("text",)  # what it takes: "image" where its repo has a projector
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def _entry(name: str, raw: dict) -> CatalogEntry:
             draft=raw.get("draft"),
             sources=sources,
             hub=hub,
+            inputs=tuple(raw.get("inputs", ["text"])),
         )
     except KeyError as exc:
         raise CatalogError(f"catalog entry '{name}' lacks the key {exc}") from None

@@ -90,7 +90,7 @@ def _models(files: list[HubFile]) -> list[tuple[HubFile, ...]]:
     singles: list[tuple[HubFile, ...]] = []
     splits: dict[str, list[HubFile]] = {}
     for f in files:
-        if not f.name.lower().endswith(".gguf") or "mmproj" in Path(f.name).name.lower():
+        if not f.name.lower().endswith(".gguf") or is_projector(f.name):
             continue
         split = _SPLIT.search(f.name)
         if split:
@@ -131,6 +131,21 @@ def choose(ref: HubRef, files: list[HubFile]) -> tuple[HubFile, ...]:
         return models[0]
     known = ", ".join(sorted({t for t in tags.values() if t})) or ", ".join(p[0].name for p in models)
     raise PullError(f"{ref.repo} has several GGUF files and no Q4 one; pick one with :QUANT ({known})")
+
+
+def is_projector(name: str) -> bool:
+    """A vision (or audio) projector: an mmproj GGUF, loaded beside a model, never served alone."""
+    return name.lower().endswith(".gguf") and "mmproj" in Path(name).name.lower()
+
+
+def choose_projector(model: tuple[HubFile, ...], files: list[HubFile]) -> HubFile | None:
+    """The repo's projector for this model: the one of the model's own quant where there are
+    several, else F16 (llama.cpp's usual projector precision), else the smallest; None: no projector."""
+    found = [f for f in files if is_projector(f.name)]
+    if not found:
+        return None
+    by_tag = {quant_tag(f.name): f for f in sorted(found, key=lambda f: f.size, reverse=True)}
+    return by_tag.get(quant_tag(model[0].name)) or by_tag.get("F16") or min(found, key=lambda f: f.size)
 
 
 def _size(parts: tuple[HubFile, ...]) -> int:
@@ -191,10 +206,25 @@ class HubCache:
         paths = [self.path(ref.repo, commit, p.name) for p in parts]
         return paths if all(p.exists() for p in paths) else None
 
+    def projector(self, ref: HubRef) -> Path | None:
+        """The cached projector of what `ref` means (None: its repo has none, or it is not cached)."""
+        commit = self.commit_of(ref)
+        listing = self.listing(ref.repo, commit) if commit else None
+        if commit is None or listing is None:
+            return None
+        try:
+            chosen = choose_projector(choose(ref, listing), listing)
+        except PullError:
+            return None
+        path = self.path(ref.repo, commit, chosen.name) if chosen else None
+        return path if path is not None and path.exists() else None
+
     def files(self) -> list[tuple[str, Path]]:
-        """Every cached Hub GGUF as (hf.co/ORG/REPO/FILE, path)."""
+        """Every cached Hub model GGUF as (hf.co/ORG/REPO/FILE, path) (projectors are not models)."""
         out = []
         for path in sorted(self.root.glob("*/*/*/*.gguf")):
+            if is_projector(path.name):
+                continue
             org, repo = path.parts[-4], path.parts[-3]
             out.append((f"hf.co/{org}/{repo}/{path.name}", path))
         return out
@@ -238,6 +268,9 @@ def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False)
     parts = choose(ref, listing)
     cache.remember(ref, commit, listing)
     paths = [_download(ref, commit, part, cache, quiet) for part in parts]
+    projector = choose_projector(parts, listing)
+    if projector is not None:  # a vision model: its projector comes with it (loaded by LoadedModel)
+        _download(ref, commit, projector, cache, quiet)
     return paths[0]
 
 

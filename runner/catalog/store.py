@@ -59,6 +59,11 @@ class ModelStore:
             ref = hub.parse_hub_ref(self.catalog.resolve(model).entry.hub)
         return ref
 
+    def projector_of(self, model: str) -> Path | None:
+        """The cached projector a Hub model's repo provides (pulled with it); None for other models."""
+        hub_ref = self.hub_ref(model)
+        return hub.HubCache(self.root).projector(hub_ref) if hub_ref is not None else None
+
     def remove(self, name: str) -> list[Path]:
         hub_ref = self.hub_ref(name)
         if hub_ref is not None:

@@ -185,7 +185,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             hub_ref = store.hub_ref(name)
             is_cached = name in have or (hub_ref is not None and hub.HubCache(store.root).cached(hub_ref) is not None)
             source = ref.entry.hub or "PyPI" + (" (derived locally)" if ref.variant else "")
-            print(f"{name:34} {ref.entry.license:28} {'cached' if is_cached else '':7} {source}")
+            takes = "+".join(ref.entry.inputs)
+            print(f"{name:34} {ref.entry.license:28} {'cached' if is_cached else '':7} {takes:11} {source}")
         return 0
     if not cached:
         print(f"no models cached in {store.root} (`runner pull NAME`, `runner list --all` for the catalog)")

@@ -84,7 +84,10 @@ class LoadedModel:
         costs = layer_costs(self.info, self.options)
         wanted = split.n_gpu_layers(costs.n_layer) if split else parse_gpu_layers(self.options.n_gpu_layers)
         self.offload = plan_offload(wanted, costs, self.devices)
-        self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else None
+        # --mmproj, else the projector a Hub model's repo provides (a vision model: pulled with it)
+        self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else store.projector_of(str(model))
+        if self.mmproj_path is not None and not self.options.mmproj:
+            log(f"vision projector: {self.mmproj_path.name} (from the model's Hub repository)")
         self.memory_plan = MemoryPlan.for_model(self.info, self.options, offload=self.offload)
         if self.mmproj_path is not None:  # the projector's weights and the encoded images it keeps
             self.memory_plan = dataclasses.replace(

@@ -17,7 +17,7 @@ import pytest
 from engines import load_tiny
 from fake_hub import FakeHub, FakeRepo
 from runner.catalog.catalog import Catalog
-from runner.catalog.hub import HubFile, HubRef, choose, parse_hub_ref, quant_tag
+from runner.catalog.hub import HubFile, HubRef, choose, choose_projector, parse_hub_ref, quant_tag
 from runner.catalog.store import ModelStore
 from runner.cli.main import main
 from runner.core.errors import ModelLoadError, PullError
@@ -316,3 +316,34 @@ def test_serve_a_hub_reference_end_to_end(fake_hub: FakeHub) -> None:
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
         server.stop()
+
+
+def test_the_projector_a_vision_model_brings() -> None:
+    listing = _files(("vlm-Q8_0.gguf", 80), ("vlm-Q4_K_M.gguf", 45), ("mmproj-vlm-F16.gguf", 20),
+                     ("mmproj-vlm-Q8_0.gguf", 10), ("mmproj-vlm-F32.gguf", 40))
+    q8, q4 = (listing[0],), (listing[1],)
+    assert choose_projector(q8, listing).name == "mmproj-vlm-Q8_0.gguf"  # the model's own quant
+    assert choose_projector(q4, listing).name == "mmproj-vlm-F16.gguf"  # else F16
+    assert choose_projector(q4, listing[:2] + listing[4:]).name == "mmproj-vlm-F32.gguf"  # else the smallest
+    assert choose_projector(q8, listing[:2]) is None
+
+
+def test_a_vision_model_from_the_hub_comes_with_its_projector(fake_hub: FakeHub, tiny_files: dict[str, bytes],
+                                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tiny_mmproj import write_tiny_mmproj
+
+    projector = write_tiny_mmproj(tmp_path / "p.gguf").read_bytes()
+    fake_hub.repos["org/vlm-GGUF"] = FakeRepo({MAIN: {"vlm-Q8_0.gguf": tiny_files["q8"],
+                                                      "mmproj-vlm-F16.gguf": projector,
+                                                      "mmproj-vlm-Q8_0.gguf": projector}}, {"main": MAIN})
+    assert main(["pull", "hf.co/org/vlm-GGUF:Q8_0"]) == 0
+    store = ModelStore()
+    assert store.projector_of("hf.co/org/vlm-GGUF:Q8_0").name == "mmproj-vlm-Q8_0.gguf"
+    assert [c.name for c in store.cached()] == ["hf.co/org/vlm-GGUF/vlm-Q8_0.gguf"]  # a projector is no model
+    gets = [s.path.rsplit("/", 1)[-1] for s in fake_hub.log if s.method == "GET" and "/resolve/" in s.path]
+    assert sorted(gets) == ["mmproj-vlm-Q8_0.gguf", "vlm-Q8_0.gguf"]  # not the F16 one
+    loaded = load_tiny("hf.co/org/vlm-GGUF:Q8_0")  # type: ignore[arg-type]
+    try:
+        assert loaded.facts.takes_images and loaded.mmproj_path == store.projector_of("hf.co/org/vlm-GGUF:Q8_0")
+    finally:
+        loaded.close()
