@@ -52,9 +52,9 @@ def token_ids(events: list[StreamEvent]) -> list[int]:
 
 
 @contextmanager
-def in_process_server(loaded: LoadedModel, names: tuple[str, ...] = ("tiny",)) -> Iterator[Any]:
+def in_process_server(loaded: LoadedModel, names: tuple[str, ...] = ("tiny",), **state: Any) -> Iterator[Any]:
     """The HTTP app on this model, in-process (a starlette TestClient); closing it ends the
-    lifespan, which closes the model."""
+    lifespan, which closes the model. `state`: ServerState settings (allow_remote_media=True, ...)."""
     from starlette.testclient import TestClient
 
     from runner.server.app import create_app
@@ -63,5 +63,5 @@ def in_process_server(loaded: LoadedModel, names: tuple[str, ...] = ("tiny",)) -
 
     thread = EngineThread(loaded.engine)
     thread.start()
-    with TestClient(create_app(ServerState(loaded, thread, list(names))), base_url="http://127.0.0.1") as client:
+    with TestClient(create_app(ServerState(loaded, thread, list(names), **state)), base_url="http://127.0.0.1") as client:
         yield client

@@ -35,7 +35,7 @@ from runner.sampling.constraints import (
 from runner.scheduler.request import GenerationRequest, MediaSpan
 from runner.scheduler.scheduler import PromptTooLongError
 from runner.server.errors import ApiError, invalid
-from runner.server.images import ImageInput
+from runner.server.images import ImageInput, fetch, refuse_remote
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import CLOSE as REASONING_CLOSE
 from runner.server.reasoning import OPEN as REASONING_OPEN
@@ -114,8 +114,13 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
                       "vision model)", images[0].where, "model_takes_no_images")
     chunks = []
     for image in images:
+        data = image.data
+        if image.url:
+            if not state.allow_remote_media:
+                refuse_remote(image)
+            data = await run_in_threadpool(fetch, image)
         try:
-            chunks.append(await run_in_threadpool(state.loaded.image_chunk, image.data))
+            chunks.append(await run_in_threadpool(state.loaded.image_chunk, data))
         except ValueError as exc:  # (runtime.mtmd.MediaError)
             raise invalid(f"{image.where}: {exc}", image.where, "invalid_image") from None
     return chunks

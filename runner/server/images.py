@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 from runner.prompt.chat_template import image_mark
@@ -19,10 +21,15 @@ MAX_SIDE = 8192  # pixels, either side
 MAX_PIXELS = 32 * 2**20  # width x height (a 32-megapixel image decodes to ~100 MB of RGB)
 
 
+REMOTE_TIMEOUT_S = 10.0  # --allow-remote-media: a fetch's connect and each read
+REMOTE_MAX_BYTES = 20 * 10**6  # ... and its size
+
+
 @dataclass(frozen=True)
 class ImageInput:
     data: bytes
     where: str  # the request part it came from (for errors): messages[0].content[1]
+    url: str = ""  # an http(s) image, fetched only where the server allows it (data is then empty)
 
 
 class ImageParts:
@@ -35,10 +42,10 @@ class ImageParts:
         """An OpenAI-style image URL (data URI) as a content mark; 400 naming the part otherwise."""
         if not isinstance(url, str) or not url:
             raise invalid(f"{where}: the image's url must be a non-empty string", where, "invalid_type")
-        if url.startswith(("http://", "https://")):
-            raise invalid(f"{where}: this server does not fetch image URLs (a local server that fetches what it is "
-                          "given can be made to reach other machines); send the image inline as a data URI "
-                          "(data:image/png;base64,...)", where, "remote_media_off")
+        if url.startswith(("http://", "https://")):  # fetched later, if at all (server.chat_pipeline)
+            self._count(where)
+            self.images.append(ImageInput(b"", where, url))
+            return image_mark(len(self.images) - 1)
         if url.startswith("data:"):
             header, comma, payload = url.partition(",")
             if not comma or not header.endswith(";base64"):
@@ -56,11 +63,48 @@ class ImageParts:
         return self.add(data, where)
 
     def add(self, data: bytes, where: str) -> str:
-        if len(self.images) >= MAX_IMAGES:
-            raise invalid(f"{where}: a request may hold at most {MAX_IMAGES} images", where, "too_many_images")
+        self._count(where)
         check_dimensions(data, where)
         self.images.append(ImageInput(data, where))
         return image_mark(len(self.images) - 1)
+
+
+    def _count(self, where: str) -> None:
+        if len(self.images) >= MAX_IMAGES:
+            raise invalid(f"{where}: a request may hold at most {MAX_IMAGES} images", where, "too_many_images")
+
+
+def refuse_remote(image: ImageInput) -> None:
+    raise invalid(f"{image.where}: this server does not fetch image URLs (a local server that fetches what it is "
+                  "given can be made to reach other machines); send the image inline as a data URI "
+                  "(data:image/png;base64,...), or start the server with --allow-remote-media", image.where,
+                  "remote_media_off")
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if not newurl.startswith(("http://", "https://")):
+            raise urllib.error.URLError(f"a redirect to {newurl.split(':', 1)[0]}: is not followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch(image: ImageInput) -> bytes:
+    """An http(s) image's bytes (--allow-remote-media), bounded in time and size and checked as any
+    image is; a 400 naming the part when it cannot be had."""
+    opener = urllib.request.build_opener(_HttpOnlyRedirects)
+    request = urllib.request.Request(image.url, headers={"User-Agent": "runner"})
+    try:
+        with opener.open(request, timeout=REMOTE_TIMEOUT_S) as response:
+            declared = int(response.headers.get("Content-Length") or 0)
+            data = b"" if declared > REMOTE_MAX_BYTES else response.read(REMOTE_MAX_BYTES + 1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise invalid(f"{image.where}: could not fetch {image.url}: {reason}", image.where, "image_fetch_failed") from None
+    if declared > REMOTE_MAX_BYTES or len(data) > REMOTE_MAX_BYTES:
+        raise invalid(f"{image.where}: {image.url} is larger than {REMOTE_MAX_BYTES // 10**6} MB", image.where,
+                      "image_too_large")
+    check_dimensions(data, image.where)
+    return data
 
 
 def check_dimensions(data: bytes, where: str) -> None:

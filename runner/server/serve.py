@@ -47,6 +47,9 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 1e6, metavar="MB",
                    help="largest request body; larger ones get 413 before they are read "
                         f"(default: {DEFAULT_MAX_BODY_BYTES / 1e6:g})")
+    p.add_argument("--allow-remote-media", action="store_true",
+                   help="fetch images given as http(s) URLs (at most 20 MB, 10 s each); off by default: a server "
+                        "that fetches what it is given can be made to reach machines only it can reach")
     p.add_argument("--alias", action="append", default=[],
                    help="another model id to answer to (repeatable; serving several: the first model's)")
     p.add_argument("--stream-interval", type=_milliseconds, default=DEFAULT_STREAM_INTERVAL_MS, metavar="MS",
@@ -63,7 +66,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
 def serve_flags_for_models(args: argparse.Namespace) -> list[str]:
     """The serve flags a router's model processes inherit (the HTTP-facing ones stay with the router)."""
     return ["--reasoning-format", args.reasoning_format, "--max-body-mb", str(args.max_body_mb),
-            "--stream-interval", str(args.stream_interval)] + (["--quiet"] if args.quiet else [])
+            "--stream-interval", str(args.stream_interval)] + (["--quiet"] if args.quiet else []) + (
+               ["--allow-remote-media"] if args.allow_remote_media else [])
 
 
 def host_policy(args: argparse.Namespace) -> HostPolicy:
@@ -124,7 +128,8 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
                         stream_interval_s=args.stream_interval / 1000,
                         hosts=host_policy(args),
                         cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6),
-                        reasoning_format=args.reasoning_format, is_model_process=args.model_process)
+                        reasoning_format=args.reasoning_format, is_model_process=args.model_process,
+                        allow_remote_media=args.allow_remote_media)
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
     config = uvicorn.Config(create_app(state), **where, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

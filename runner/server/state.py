@@ -31,6 +31,7 @@ class ServerState:
     cors_origins: frozenset[str] = frozenset()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     is_model_process: bool = False  # started by a router, which may set its threads
+    allow_remote_media: bool = False  # fetch http(s) image URLs (server.images.fetch)
     is_closed: bool = False
     _pump: EventPump | None = None
     _embeddings: EmbeddingThread | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import resource
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +259,63 @@ def test_ollama_takes_images_on_chat_and_generate(vision: tuple[Any, Any]) -> No
     r = client.post("/api/chat", json={"model": "tiny", "stream": False,
                                        "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]})
     assert r.status_code == 400 and "messages.0.images.0" in r.json()["error"]
+
+
+@pytest.fixture
+def image_site() -> Iterator[str]:
+    """A web server with a PNG, a 404, a file that declares 30 MB and a redirect to a file: URL."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Site(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path == "/cat.png":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(PNG)))
+                self.end_headers()
+                self.wfile.write(PNG)
+            elif self.path == "/big.png":
+                self.send_response(200)
+                self.send_header("Content-Length", str(30 * 10**6))
+                self.end_headers()
+            elif self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/passwd")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def chat_raw(client: Any, messages: list[dict[str, Any]]) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 8,
+                                                     "temperature": 0})
+
+
+def test_with_allow_remote_media_an_image_url_is_fetched_bounded(tiny_gguf: Path, mmproj: Path,
+                                                                  image_site: str) -> None:
+    loaded = load_tiny(tiny_gguf, 1, mmproj=str(mmproj))
+    with in_process_server(loaded, allow_remote_media=True) as client:
+        def greedy(url: str) -> Any:
+            return chat_raw(client, [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                                  {"type": "image_url", "image_url": {"url": url}}]}])
+
+        fetched, inline = greedy(f"{image_site}/cat.png"), greedy(data_uri(PNG))
+        assert fetched.status_code == inline.status_code == 200, fetched.text
+        assert fetched.json()["choices"][0]["message"]["content"] == inline.json()["choices"][0]["message"]["content"]
+        codes = {}
+        for path in ("/missing.png", "/big.png", "/away"):
+            r = openai(client, [{"type": "image_url", "image_url": {"url": image_site + path}}])
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
+            codes[path] = (r.json()["error"]["code"], r.json()["error"]["message"])
+    assert codes["/missing.png"][0] == "image_fetch_failed" and "Not Found" in codes["/missing.png"][1]
+    assert codes["/big.png"][0] == "image_too_large" and "larger than 20 MB" in codes["/big.png"][1]
+    assert codes["/away"][0] == "image_fetch_failed" and "'file:///etc/passwd' is not allowed" in codes["/away"][1]
