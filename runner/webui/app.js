@@ -7,7 +7,7 @@ const API_KEY = "runner.apiKey";
 const DEFAULTS = { system: "", temperature: 0.8, top_p: 0.95, max_tokens: 512, seed: "", model: "" };
 
 const $ = (id) => document.getElementById(id);
-const state = { conversations: [], currentId: null, controller: null };
+const state = { conversations: [], currentId: null, controller: null, pending: [], notice: "", inputs: {} };
 
 // -- storage -----------------------------------------------------------------------------------
 function load() {
@@ -16,7 +16,12 @@ function load() {
   if (!current()) newConversation();
 }
 function save() {
-  localStorage.setItem(STORE_KEY, JSON.stringify(state.conversations));
+  try {
+    localStorage.setItem(STORE_KEY, JSON.stringify(state.conversations));
+  } catch {  // over the browser's quota (images are large): keep the text, drop the stored images
+    const lean = state.conversations.map((c) => ({ ...c, messages: c.messages.map(({ images, ...m }) => m) }));
+    try { localStorage.setItem(STORE_KEY, JSON.stringify(lean)); } catch { /* nothing more to drop */ }
+  }
   localStorage.setItem(CURRENT_KEY, state.currentId || "");
 }
 function current() { return state.conversations.find((c) => c.id === state.currentId); }
@@ -75,6 +80,7 @@ function renderMessageBody(body, msg) {
 function messageElement(msg) {
   const el = document.createElement("div");
   el.className = "message " + msg.role + (msg.error ? " error" : "");
+  if (msg.images?.length) el.appendChild(thumbnails(msg.images, "images"));
   const body = document.createElement("div");
   body.className = "body";
   renderMessageBody(body, msg);
@@ -101,7 +107,73 @@ function renderSettings() {
   if (s.model) $("model").value = s.model;
 }
 
-function renderAll() { renderList(); renderSettings(); renderMessages(); }
+function thumbnails(images, className, onRemove) {
+  const box = document.createElement("div");
+  box.className = className;
+  images.forEach((url, i) => {
+    const thumb = document.createElement("span");
+    thumb.className = "thumb";
+    const img = document.createElement("img");
+    img.src = url;  // a data: URI (the page's CSP allows those for images)
+    img.alt = "image " + (i + 1);
+    thumb.appendChild(img);
+    if (onRemove) {
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.title = "Remove";
+      remove.textContent = "×";
+      remove.addEventListener("click", () => onRemove(i));
+      thumb.appendChild(remove);
+    }
+    box.appendChild(thumb);
+  });
+  return box;
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  if (state.pending.length) {
+    box.appendChild(thumbnails(state.pending, "pending", (i) => { state.pending.splice(i, 1); renderAttachments(); }));
+  }
+  if (state.notice) {
+    const notice = document.createElement("span");
+    notice.className = "notice";
+    notice.textContent = state.notice;
+    box.appendChild(notice);
+  }
+  box.hidden = !state.pending.length && !state.notice;
+}
+
+function renderAll() { renderList(); renderSettings(); renderMessages(); renderAttachments(); }
+
+// -- images ------------------------------------------------------------------------------------
+function selectedModel() { return current().settings.model || document.body.dataset.model; }
+
+function takesImages() {
+  const inputs = state.inputs[selectedModel()];
+  return !inputs || inputs.includes("image");  // (not listed yet: the server says, with a 400, if not)
+}
+
+async function attachFiles(files) {
+  const images = [...files].filter((f) => f.type.startsWith("image/"));
+  if (!images.length) return;
+  if (!takesImages()) {
+    state.notice = `${selectedModel()} takes no images: choose a vision model, or start it with --mmproj`;
+    renderAttachments();
+    return;
+  }
+  state.notice = "";
+  for (const file of images) {
+    state.pending.push(await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    }));
+  }
+  renderAttachments();
+}
 
 // -- the API -----------------------------------------------------------------------------------
 function headers() {
@@ -128,7 +200,13 @@ function requestBody(convo) {
   const s = convo.settings;
   const messages = [];
   if (s.system) messages.push({ role: "system", content: s.system });
-  for (const m of convo.messages) if (!m.error && m.content) messages.push({ role: m.role, content: m.content });
+  for (const m of convo.messages) {
+    if (m.error || (!m.content && !m.images?.length)) continue;
+    const content = m.images?.length  // OpenAI's parts: the text, then each image as a data URI
+      ? [{ type: "text", text: m.content }, ...m.images.map((url) => ({ type: "image_url", image_url: { url } }))]
+      : m.content;
+    messages.push({ role: m.role, content });
+  }
   const body = { model: s.model || document.body.dataset.model, messages, stream: true,
                  stream_options: { include_usage: true } };
   for (const key of ["temperature", "top_p"]) if (s[key] !== "" && s[key] !== null) body[key] = Number(s[key]);
@@ -139,8 +217,10 @@ function requestBody(convo) {
 
 async function send(text) {
   const convo = current();
-  if (convo.messages.length === 0) convo.title = text.slice(0, 40);
-  convo.messages.push({ role: "user", content: text });
+  if (convo.messages.length === 0) convo.title = text.slice(0, 40) || "Image";
+  const images = state.pending.splice(0);
+  convo.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+  state.notice = "";
   const reply = { role: "assistant", content: "", pieces: [] };
   convo.messages.push(reply);
   save();
@@ -254,6 +334,7 @@ async function loadModels() {
     const data = await resp.json();
     // a server of several models says which are loaded; the others load when a message needs them
     const label = (m) => m.id + (m.status && m.status.value !== "loaded" ? ` (${m.status.value})` : "");
+    for (const m of data.data) state.inputs[m.id] = m.inputs || ["text"];
     const picker = $("model");
     const same = picker.options.length === data.data.length
       && data.data.every((m, i) => picker.options[i].value === m.id);
@@ -276,7 +357,7 @@ function bind() {
   $("composer").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const text = $("input").value.trim();
-    if (!text || state.controller) return;
+    if ((!text && !state.pending.length) || state.controller) return;
     $("input").value = "";
     send(text);
   });
@@ -284,6 +365,21 @@ function bind() {
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
   });
   $("stop").addEventListener("click", () => state.controller?.abort());
+  $("attach").addEventListener("change", async () => { await attachFiles($("attach").files); $("attach").value = ""; });
+  $("input").addEventListener("paste", (ev) => {
+    if ([...ev.clipboardData.files].some((f) => f.type.startsWith("image/"))) {
+      ev.preventDefault();
+      attachFiles(ev.clipboardData.files);
+    }
+  });
+  const main = document.querySelector("main");
+  main.addEventListener("dragover", (ev) => { ev.preventDefault(); main.classList.add("dragging"); });
+  main.addEventListener("dragleave", () => main.classList.remove("dragging"));
+  main.addEventListener("drop", (ev) => {
+    ev.preventDefault();
+    main.classList.remove("dragging");
+    attachFiles(ev.dataTransfer.files);
+  });
   $("new-chat").addEventListener("click", () => { newConversation(); renderAll(); });
   $("title").addEventListener("change", () => { current().title = $("title").value || "Untitled"; save(); renderList(); });
   $("settings-toggle").addEventListener("click", () => { $("settings").hidden = !$("settings").hidden; });

@@ -238,3 +238,66 @@ def test_the_model_picker_shows_states_and_switches_the_next_reply(browser, rout
         wait_until(page, "document.querySelectorAll('#model option')[1].textContent === 'gemma-3-270m'")
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def vision_server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path):
+    from tiny_gguf import write_tiny_gguf
+    from tiny_mmproj import write_tiny_mmproj
+
+    folder = tmp_path_factory.mktemp("vision")
+    model, projector = write_tiny_gguf(folder / "tiny.gguf"), write_tiny_mmproj(folder / "mmproj.gguf")
+    server = ServerProcess(str(model), model_cache, "--mmproj", str(projector), "--ctx-size", "256")
+    yield server
+    server.stop()
+
+
+def wait_for_model_list(page) -> None:
+    deadline = time.monotonic() + 30
+    while not page.evaluate("Object.keys(state.inputs).length"):
+        assert time.monotonic() < deadline, "the page never listed the models"
+        page.wait_for_timeout(20)
+
+
+def test_an_attached_image_is_sent_as_a_data_uri_shown_and_answered(browser, vision_server: ServerProcess,
+                                                                     tmp_path: Path) -> None:
+    import base64
+
+    from tiny_mmproj import png_bytes
+
+    png = tmp_path / "cat.png"
+    png.write_bytes(png_bytes(40, 30, seed=1))
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(vision_server.url + "/")
+        wait_for_model_list(page)
+        set_settings(page, temperature=0, max_tokens=6)
+        page.set_input_files("#attach", str(png))
+        page.wait_for_selector("#attachments img")
+        with page.expect_request("**/v1/chat/completions") as req:
+            send(page, "what is this?")
+        page.wait_for_selector(".message.assistant .stats")
+        parts = json.loads(req.value.post_data)["messages"][-1]["content"]
+        uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+        assert parts == [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": uri}}]
+        assert page.locator(".message.user .images img").count() == 1 and page.locator("#attachments").is_hidden()
+        assert page.locator(".message.error").count() == 0
+        shown = page.evaluate("current().messages[1].content")  # the reply as streamed (before markdown)
+    finally:
+        context.close()
+    api = vision_server.post("/v1/chat/completions", json={"model": "tiny", "temperature": 0, "max_tokens": 6,
+                                                           "messages": [{"role": "user", "content": parts}]}).json()
+    assert shown == api["choices"][0]["message"]["content"]
+
+
+def test_a_text_only_model_refuses_an_image_with_a_readable_message(page, tmp_path: Path) -> None:
+    from tiny_mmproj import png_bytes
+
+    png = tmp_path / "cat.png"
+    png.write_bytes(png_bytes(40, 30, seed=1))
+    wait_for_model_list(page)
+    page.set_input_files("#attach", str(png))
+    notice = page.wait_for_selector("#attachments .notice")
+    assert notice.inner_text() == f"{MODEL} takes no images: choose a vision model, or start it with --mmproj"
+    assert page.locator("#attachments img").count() == 0
