@@ -85,14 +85,16 @@ class Offload:
         if not self.devices:
             return "no GPU: every layer on the CPU"
         names = ", ".join(d.describe() for d in self.devices)
+        kind = "RPC workers" if all(d.name.startswith("RPC") for d in self.devices) else "GPU"
         if not self.is_offloaded:
-            return f"GPU {names}: no layers offloaded (--n-gpu-layers 0)"
+            return f"{kind} {names}: no layers offloaded (--n-gpu-layers 0)"
         placed = (f"all {self.n_layer} layers and the output head" if self.all_layers
                   else f"the output head and the last {self.n_gpu_layers - 1} of {self.n_layer} layers "
                        f"(the rest on the CPU)")
         how = "auto: as many as fit" if self.auto else "as asked"
-        return (f"GPU {names}: {placed}, {self.gpu_bytes / _GIB:.2f} GiB with their KV and compute "
-                f"({how}, {MARGIN_BYTES / _GIB:.0f} GiB left free per GPU)")
+        each = "worker" if kind == "RPC workers" else "GPU"
+        return (f"{kind} {names}: {placed}, {self.gpu_bytes / _GIB:.2f} GiB with their KV and compute "
+                f"({how}, {MARGIN_BYTES / _GIB:.0f} GiB left free per {each})")
 
 
 def plan_offload(wanted: int | None, costs: LayerCosts, devices: list[Device], reserved: int = 0) -> Offload:
