@@ -12,7 +12,8 @@ case " ${CMAKE_ARGS:-} " in *GGML_RPC*) ;; *) export CMAKE_ARGS="${CMAKE_ARGS:-}
 if ! .venv/bin/python -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())"; then
   pinned="$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
   # kept by version and CMAKE_ARGS, so the build happens once per machine
-  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/runner/wheels/$(echo "$pinned $CMAKE_ARGS" | sha256sum | cut -c1-16)"
+  python_tag="$(.venv/bin/python -c 'import sys; print(sys.implementation.cache_tag)')"
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/runner/wheels/$(echo "$pinned $python_tag $CMAKE_ARGS" | sha256sum | cut -c1-16)"
   if ! ls "$wheels"/llama_cpp_python-*.whl > /dev/null 2>&1; then
     echo "scripts/test.sh: building llama-cpp-python with RPC (the cached build has none; ~8-10 min)" >&2
     .venv/bin/pip wheel -q --no-deps --no-cache-dir "$pinned" -w "$wheels"

@@ -75,6 +75,8 @@ class ModelStore:
             paths = [self.path_of(ref)]
             if not paths[0].exists():
                 raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
+        projector = self.projector_of(name) if hub_ref is not None else None
+        paths += [projector] if projector is not None else []  # (a vision model's projector goes with it)
         for path in paths:
             path.unlink()
         return paths

@@ -142,6 +142,8 @@ def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **
             continue
         if command == "/clear":
             convo.turns.clear()
+            convo.images.clear()
+            convo.attached.clear()
             print("(conversation cleared)")
             continue
         if command == "/system":

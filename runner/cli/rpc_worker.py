@@ -38,7 +38,7 @@ def cmd_rpc_worker(args: argparse.Namespace) -> int:
     from runner.runtime.rpc_address import parse_endpoint
 
     rpc.require_rpc()
-    endpoint = parse_endpoint(f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}")
+    endpoint = parse_endpoint(f"{args.host}:{args.port}")
     if not endpoint.is_loopback:
         if not args.allow_network:
             raise RunnerError(f"--host {args.host} lets other machines use this one through an unauthenticated "

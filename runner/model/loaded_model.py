@@ -159,7 +159,8 @@ class LoadedModel:
         from runner.runtime.mtmd import Projector
 
         projector = Projector(self.mmproj_path, self.model, self.options.threads,
-                              use_gpu=self.offload.n_gpu_layers != 0)
+                              use_gpu=self.offload.n_gpu_layers != 0 and any(  # (never an RPC worker)
+                                  not d.name.startswith("RPC") for d in self.offload.devices))
         if projector.uses_mrope:
             projector.close()
             raise ModelLoadError(f"{self.mmproj_path.name} places image positions with M-RoPE (the Qwen2-VL "

@@ -131,6 +131,8 @@ class Runner:
                 raise RunnerError(f"cannot read {where}: {exc.strerror}") from None
             except ValueError as exc:  # (runtime.mtmd.MediaError)
                 raise RunnerError(f"{where}: {exc}") from None
+            except RuntimeError as exc:  # the projector failed to encode it
+                raise RunnerError(f"{where}: {exc}") from None
         return chunks
 
     def complete(self, prompt: str, **kwargs: Any) -> str:

@@ -216,6 +216,7 @@ class ModelPool:
             raise PoolError(409, f"'{name}' is answering {slot.n_in_flight} requests; unload it when they end "
                                  "(or send keep_alive: 0 with the last)", "model_busy")
         was_loaded = slot.process is not None
+        slot.failure = ""  # asked to unload: no longer failed, just unloaded
         await self._unload(slot, "asked to")
         return was_loaded
 

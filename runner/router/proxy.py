@@ -74,7 +74,8 @@ async def _chunks(answer: UpstreamResponse, path: str, model: str) -> AsyncItera
             yield chunk
     except UpstreamError:  # the process ended mid-stream: the stream ends with the dialect's error event
         message = f"the model process for '{model}' stopped while answering (it may have crashed); the next request loads it again"
-        yield (b"" if last.endswith(b"\n") else b"\n\n") + failure_event(path, message, last).encode()
+        gap = b"" if last.endswith(b"\n") else b"\n" if path.startswith("/api/") else b"\n\n"  # (NDJSON: no blank line)
+        yield gap + failure_event(path, message, last).encode()
 
 
 def failure_event(path: str, message: str, last: bytes) -> str:

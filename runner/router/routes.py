@@ -11,12 +11,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from runner.core.errors import OptionError
+from runner.core.errors import OptionError, RunnerError
 from runner.router import ollama
 from runner.router.keep_alive import parse_keep_alive
 from runner.router.metrics import labelled
 from runner.router.model_pool import ModelState, ModelStatus, PoolError
 from runner.router.proxy import forward
+from runner.router.servable import ServableModel
 from runner.router.state import RouterState
 from runner.router.upstream import Upstream, UpstreamError
 from runner.server import anthropic_messages, ollama_api
@@ -92,13 +93,23 @@ def _api_error(exc: PoolError) -> ApiError:
 
 
 # -- the models --------------------------------------------------------------------------------
+def _has_projector(state: RouterState, model: ServableModel) -> bool:
+    if model.options.mmproj:
+        return True
+    try:
+        return state.store is not None and state.store.projector_of(model.source) is not None
+    except RunnerError:
+        return False
+
+
 async def v1_models(state: RouterState, request: Request) -> Response:
     """OpenAI's list, every servable id, each with its state (an extension: status.value)."""
     check_key(state.api_key, request)
     data = [{"id": model_id, "object": "model", "created": state.created, "owned_by": "runner",
              "status": {"value": s.state.value},
-             # (a projector is told from its options: the loaded model's own /v1/models asks libmtmd)
-             "inputs": ["text", "image"] if s.model.options.mmproj else ["text"]}
+             # (told from its options or the projector its Hub repo brought: the loaded model's own
+             # /v1/models asks libmtmd)
+             "inputs": ["text", "image"] if _has_projector(state, s.model) else ["text"]}
             for s in state.pool.statuses() for model_id in s.model.ids]
     return JSONResponse({"object": "list", "data": data})
 

@@ -54,7 +54,7 @@ def hello(endpoint: Endpoint, timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, 
     """Ask the worker its protocol version, as ggml-rpc's own client does first (then hang up: a
     worker serves one head at a time and takes the next connection when this one closes)."""
     try:
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s) as sock:
+        with socket.create_connection((endpoint.resolved().host, endpoint.port), timeout=timeout_s) as sock:
             sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
             answer = _receive(sock, 8 + 4 + _CAPS)
     except socket.timeout:
@@ -129,7 +129,7 @@ def add_workers(endpoints: list[Endpoint], timeout_s: float = PROBE_TIMEOUT_S) -
         if endpoint in _added:
             continue
         before = {_device_name(lib, i) for i in range(lib.ggml_backend_dev_count())}
-        reg = add_server(f"{endpoint.host}:{endpoint.port}".encode())
+        reg = add_server(_resolved(endpoint).text.encode())
         if not reg:
             raise RpcError(f"RPC worker {endpoint.text} offers no device")
         lib.ggml_backend_register(reg)
@@ -137,6 +137,13 @@ def add_workers(endpoints: list[Endpoint], timeout_s: float = PROBE_TIMEOUT_S) -
                             if (n := _device_name(lib, i)) not in before]
     names = [name for endpoint in endpoints for name in _added[endpoint]]
     return [d for name in names for d in list_devices(rpc=True) if d.name == name]
+
+
+def _resolved(endpoint: Endpoint) -> Endpoint:
+    try:
+        return endpoint.resolved()
+    except OSError as exc:
+        raise WorkerUnreachable(f"cannot resolve RPC worker {endpoint.text}: {exc.strerror or exc}") from None
 
 
 def _device_name(lib: ctypes.CDLL, index: int) -> str:
@@ -155,5 +162,5 @@ def serve_worker(endpoint: Endpoint, cache_dir: Path | None, n_threads: int, dev
         raise RpcError(f"no device {', '.join(missing)} here; this machine has {', '.join(handles)}")
     chosen = (ctypes.c_void_p * len(device_names))(*(handles[n] for n in device_names))
     cache = str(cache_dir).encode() if cache_dir is not None else None
-    start(f"{endpoint.host}:{endpoint.port}".encode(), cache, n_threads, len(device_names),
+    start(_resolved(endpoint).text.encode(), cache, n_threads, len(device_names),
           ctypes.cast(chosen, ctypes.c_void_p))

@@ -123,6 +123,8 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
             chunks.append(await run_in_threadpool(state.loaded.image_chunk, data))
         except ValueError as exc:  # (runtime.mtmd.MediaError)
             raise invalid(f"{image.where}: {exc}", image.where, "invalid_image") from None
+        except RuntimeError as exc:  # the projector failed to encode it: the server's fault, said as it is
+            raise ApiError(500, f"{image.where}: {exc}", "server_error", code="image_encode_failed") from None
     return chunks
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import struct
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -93,11 +95,19 @@ def fetch(image: ImageInput) -> bytes:
     image is; a 400 naming the part when it cannot be had."""
     opener = urllib.request.build_opener(_HttpOnlyRedirects)
     request = urllib.request.Request(image.url, headers={"User-Agent": "runner"})
+    deadline = time.monotonic() + REMOTE_TIMEOUT_S
     try:
         with opener.open(request, timeout=REMOTE_TIMEOUT_S) as response:
             declared = int(response.headers.get("Content-Length") or 0)
-            data = b"" if declared > REMOTE_MAX_BYTES else response.read(REMOTE_MAX_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+            data = b""
+            while declared <= REMOTE_MAX_BYTES and len(data) <= REMOTE_MAX_BYTES:
+                if time.monotonic() > deadline:  # (a server trickling bytes: the time-out is for the whole)
+                    raise TimeoutError(f"it took more than {REMOTE_TIMEOUT_S:g} s")
+                piece = response.read1(1 << 16)
+                if not piece:
+                    break
+                data += piece
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise invalid(f"{image.where}: could not fetch {image.url}: {reason}", image.where, "image_fetch_failed") from None
     if declared > REMOTE_MAX_BYTES or len(data) > REMOTE_MAX_BYTES:

@@ -73,6 +73,13 @@ def test_the_repl_attaches_an_image_to_the_next_message(tiny_gguf: Path, files: 
         child.expect(r"\[\d+ tokens")
         reply = child.before.split("what is this?", 1)[-1].strip()
         child.expect_exact(">>> ")
+        child.sendline("/clear")  # the image goes with the conversation: the next one has none
+        child.expect_exact("(conversation cleared)")
+        child.expect_exact(">>> ")
+        child.sendline("and now?")
+        child.expect(r"\[\d+ tokens")
+        assert "runner: error" not in child.before
+        child.expect_exact(">>> ")
     finally:
         child.terminate(force=True)
     with Runner(tiny_gguf, mmproj=str(files["mmproj"]), ctx_size=256, log=lambda _: None) as api:

@@ -95,6 +95,8 @@ def test_a_worker_that_is_not_there_or_a_malformed_address_is_one_line(tiny_gguf
         f"cannot reach RPC worker 127.0.0.1:{port}: Connection refused")
     assert one_error_line(cli("run", str(tiny_gguf), "-p", "hi", "--rpc", "127.0.0.1")) == (
         "not an RPC worker address: '127.0.0.1' (expected HOST:PORT, e.g. 192.168.1.20:50052)")
+    assert one_error_line(cli("run", str(tiny_gguf), "-p", "hi", "--rpc", "[::1]:50052")) == (
+        "'[::1]:50052': llama.cpp's RPC speaks IPv4 only; give an IPv4 address or a host name")
     assert "names a worker twice" in one_error_line(
         cli("run", str(tiny_gguf), "-p", "hi", "--rpc", f"127.0.0.1:{port},127.0.0.1:{port}"))
 

@@ -280,6 +280,9 @@ def image_site() -> Iterator[str]:
                 self.send_response(200)
                 self.send_header("Content-Length", str(30 * 10**6))
                 self.end_headers()
+            elif self.path == "/garbage":  # not HTTP at all (an image_url pointing at, say, an SSH port)
+                self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+                self.close_connection = True
             elif self.path == "/away":
                 self.send_response(302)
                 self.send_header("Location", "file:///etc/passwd")
@@ -312,10 +315,11 @@ def test_with_allow_remote_media_an_image_url_is_fetched_bounded(tiny_gguf: Path
         assert fetched.status_code == inline.status_code == 200, fetched.text
         assert fetched.json()["choices"][0]["message"]["content"] == inline.json()["choices"][0]["message"]["content"]
         codes = {}
-        for path in ("/missing.png", "/big.png", "/away"):
+        for path in ("/missing.png", "/big.png", "/away", "/garbage"):
             r = openai(client, [{"type": "image_url", "image_url": {"url": image_site + path}}])
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
             codes[path] = (r.json()["error"]["code"], r.json()["error"]["message"])
     assert codes["/missing.png"][0] == "image_fetch_failed" and "Not Found" in codes["/missing.png"][1]
     assert codes["/big.png"][0] == "image_too_large" and "larger than 20 MB" in codes["/big.png"][1]
+    assert codes["/garbage"][0] == "image_fetch_failed"
     assert codes["/away"][0] == "image_fetch_failed" and "'file:///etc/passwd' is not allowed" in codes["/away"][1]
