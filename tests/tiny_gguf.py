@@ -28,6 +28,26 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
+def add_vocab(w: GGUFWriter, tokens: list[str], types: list[TokenType], chat_template: bool | str = True) -> None:
+    """The byte-level BPE tokenizer (and ChatML, or the given template) of every tiny model."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([" ".join(m) for m in MERGES])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    if chat_template:
+        w.add_chat_template(CHATML if chat_template is True else chat_template)
+
+
+def tiny_vocab() -> tuple[list[str], list[TokenType]]:
+    """The tokens of a tiny model with no extras: specials, the 256 byte stand-ins, the merges."""
+    tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES]
+    return tokens, [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
+
+
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
                     extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0,
                     pooling_type: int | None = None, extra_specials: tuple[str, ...] = (), n_head: int = 4,
@@ -65,16 +85,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     w.add_vocab_size(n_vocab)
     if pooling_type is not None:
         w.add_uint32("llama.pooling_type", pooling_type)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([" ".join(m) for m in MERGES])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    if chat_template:
-        w.add_chat_template(CHATML if chat_template is True else chat_template)
+    add_vocab(w, tokens, types, chat_template)
 
     def tensor(name: str, *shape: int, scale: float = scale) -> None:
         weights = rng.standard_normal(shape) * scale

@@ -67,8 +67,10 @@ class EngineOptions:
                            "catalog name; a catalog model names its own")
     media_cache_mb: int = _opt(256, "MiB of encoded images kept by content: an image sent again is decoded from "
                                     "them instead of encoded again (0: off)")
-    spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; "
-                         "default auto when a drafter is set", choices=("", "auto", "on", "off"))
+    spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; mtp (always "
+                         "draft with the model's own MTP layers), eagle3 (always draft with the EAGLE3 head given "
+                         "as --draft); default auto when a drafter is set or the model has MTP layers",
+                     choices=("", "auto", "on", "off", "mtp", "eagle3"))
     jump_forward: str = _opt("on", "constrained replies (response_format, grammar): where the grammar allows one "
                                    "continuation, decode those tokens in one step", choices=("on", "off"))
     flash_attn: str = _opt("auto", "llama.cpp's flash attention: auto (llama.cpp decides; on for CPUs), on, off "

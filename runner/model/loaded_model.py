@@ -40,7 +40,8 @@ from runner.sampling.constraints import Constraint, GrammarSpec, compile_constra
 from runner.scheduler.engine import Engine
 from runner.scheduler.request import MediaSpan, media_placeholder
 from runner.scheduler.scheduler import Scheduler
-from runner.speculation import model_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.runtime import staging
+from runner.speculation import model_drafter, mtp_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
@@ -103,7 +104,9 @@ class LoadedModel:
             for share in device_shares(costs, self.offload.n_gpu_layers, by_llama_order, shares,
                                        self.info.embedding_bytes):
                 log(f"  {share.describe()}")
-        self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else (), self.layer_devices)
+        self.uses_mtp = self._wants_mtp(store, ref, log)
+        self.model = Model(self.path, self.offload.n_gpu_layers, split.devices if split else (), self.layer_devices,
+                           load_mtp=self.uses_mtp)
         try:
             self.template = ChatTemplate.for_model(
                 self.model.chat_template,
@@ -178,19 +181,46 @@ class LoadedModel:
         assert self.projector is not None and self.runner.images is not None
         return self.runner.images.ready(self.projector.chunk(data))
 
+    def _wants_mtp(self, store: ModelStore, ref: ModelRef | None, log: Callable[[str], None]) -> bool:
+        """Draft with the model's own MTP layers? With --spec mtp (refused with one line where the
+        file has none or llama.cpp lacks the calls), and by default where the file has them and no
+        other drafter is named."""
+        opts, n_mtp = self.options, self.info.arch_int("nextn_predict_layers", 0)
+        if opts.spec == "mtp":
+            if not n_mtp:
+                raise OptionError(f"--spec mtp: {self.path.name} has no MTP layers (its GGUF sets no "
+                                  f"{self.info.architecture}.nextn_predict_layers)")
+            staging.require(staging.MTP_CALLS, "--spec mtp")
+            return True
+        if not n_mtp or opts.spec in ("off", "eagle3") or opts.draft or (ref and ref.entry.draft):
+            return False
+        if staging.missing(staging.MTP_CALLS):
+            log(f"{self.path.name} has MTP layers, but this llama.cpp lacks the calls to draft with them: "
+                "no MTP drafting")
+            return False
+        return True
+
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
-        """The drafter named by --draft (or the catalog's pairing when --spec asks for one)."""
+        """The drafter named by --draft (or the catalog's pairing when --spec asks for one), or the
+        model's own MTP layers."""
         opts = self.options
         draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
-        mode = SpecMode(opts.spec or ("auto" if draft else "off"))
+        draft = "mtp" if self.uses_mtp else draft
+        forced = opts.spec in ("on", "mtp", "eagle3")
+        mode = SpecMode.ON if forced else SpecMode(opts.spec or ("auto" if draft else "off"))
         if not draft or mode is SpecMode.OFF:
             return None
         target_costs = None
         if mode is SpecMode.AUTO:
             target_costs = self._costs(store, self.path, self.runner.context, log)
         draft_costs, prior = None, PRIOR_ACCEPT
-        if draft == "ngram":
+        if draft == "mtp":
+            drafter = make_drafter("mtp", target=self.runner, shape=shape)
+            log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")
+            if target_costs:
+                draft_costs = self._costs(store, self.path, drafter.context, log, part="mtp")
+        elif draft == "ngram":
             store = NgramStore(opts.ngram_store_mb << 20) if opts.ngram_store_mb > 0 else None
             drafter = make_drafter("ngram", store=store)
             if store is not None:
@@ -220,10 +250,11 @@ class LoadedModel:
         log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
         return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
 
-    def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None]) -> ShapeCosts:
+    def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None],
+               part: str = "") -> ShapeCosts:
         opts, shape = self.options, context.shape
         key = calibration_key(path, opts.threads, self.offload.n_gpu_layers, shape.n_seq, shape.n_ubatch,
-                              f"{opts.rpc}/{opts.tensor_split}" if opts.rpc else "")
+                              f"{opts.rpc}/{opts.tensor_split}" if opts.rpc else "", part)
 
         def calibrate() -> dict:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")

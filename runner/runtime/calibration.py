@@ -35,7 +35,7 @@ def measure(context: Context) -> CostTables:
     one round skews a median), then
     made non-decreasing in tokens (more work never costs less)."""
     shape = context.shape
-    batch = Batch(shape.n_batch)
+    batch = Batch(shape.n_batch, context.n_embd_inp)  # (an MTP context's rows carry a hidden row too)
     grid = {}  # sequence count -> tokens each, the shapes this context can run in one micro-batch
     for n_seqs, sizes in [(1, SIZES)] + [(n, TOKENS_EACH) for n in SEQ_COUNTS if n <= shape.n_seq]:
         fitting = [n for n in sizes if n <= shape.n_ctx_per_seq and n_seqs * n <= shape.n_ubatch]

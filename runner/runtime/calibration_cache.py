@@ -39,11 +39,12 @@ def _file_key(path: Path) -> str:
 
 
 def calibration_key(model_path: Path, n_threads: int, n_gpu_layers: int, n_seq: int, n_ubatch: int,
-                    placement: str = "") -> str:
-    """`placement`: where the layers run beyond this machine (--rpc's workers and split), if anywhere."""
+                    placement: str = "", part: str = "") -> str:
+    """`placement`: where the layers run beyond this machine (--rpc's workers and split), if anywhere;
+    `part`: which of the file's layers the context runs where not all (its MTP layers: 'mtp')."""
     return (f"{CALIBRATION_VERSION}:{_file_key(model_path)}:t{n_threads}:g{n_gpu_layers}"
             f":s{min(n_seq, max(SEQ_COUNTS))}:u{n_ubatch}:{platform.machine()}:{platform.node()}"
-            + (f":rpc={placement}" if placement else ""))
+            + (f":rpc={placement}" if placement else "") + (f":{part}" if part else ""))
 
 
 def agreement_key(target_path: Path, draft_path: Path) -> str:

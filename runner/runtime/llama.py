@@ -21,6 +21,7 @@ import numpy as np
 
 from runner.core.errors import ModelLoadError
 from runner.config.options import N_UBATCH_MAX
+from runner.runtime import staging
 from runner.runtime.devices import KINDS, Device
 
 T = TypeVar("T")
@@ -187,12 +188,14 @@ class Model:
     """Weights and vocabulary of one GGUF file."""
 
     def __init__(self, path: Path, n_gpu_layers: int = 0, tensor_split: Sequence[float] = (),
-                 devices: Sequence[str] | None = None) -> None:
+                 devices: Sequence[str] | None = None, load_mtp: bool = False) -> None:
         """`devices`: the layer devices by name, in order (None: llama.cpp's choice, every local GPU);
-        `tensor_split`: each one's share of the layers (empty: by free memory)."""
+        `tensor_split`: each one's share of the layers (empty: by free memory); `load_mtp`: its
+        multi-token-prediction layers too (llama.cpp skips them by default)."""
         init_backend()
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.load_mtp = load_mtp
         if devices is not None:  # a NULL-terminated list
             handles = _device_handles(rpc=True)
             self._devices = (ctypes.c_void_p * (len(devices) + 1))(*(handles[name] for name in devices), None)
@@ -211,6 +214,8 @@ class Model:
         self.n_ctx_train: int = _lc.llama_model_n_ctx_train(self._ptr)
         self.n_layer: int = _lc.llama_model_n_layer(self._ptr)
         self.n_embd: int = _lc.llama_model_n_embd(self._ptr)
+        self.n_embd_out: int = _lc.llama_model_n_embd_out(self._ptr)  # a hidden row's width (MTP's input)
+        self.n_layer_nextn: int = _lc.llama_model_n_layer_nextn(self._ptr)  # MTP layers in the file
         self.n_head: int = _lc.llama_model_n_head(self._ptr)
         self.n_head_kv: int = _lc.llama_model_n_head_kv(self._ptr)
         self.n_params: int = _lc.llama_model_n_params(self._ptr)
@@ -347,9 +352,12 @@ class ContextShape:
 
 
 class Batch:
-    """A reusable llama_batch whose arrays are numpy buffers we own (filled by slice assignment)."""
+    """A reusable llama_batch whose arrays are numpy buffers we own (filled by slice assignment).
 
-    def __init__(self, n_tokens_max: int) -> None:
+    With `n_embd`, every token row carries an embedding row as well (an MTP or EAGLE3 draft
+    context reads a token and a hidden row together)."""
+
+    def __init__(self, n_tokens_max: int, n_embd: int = 0) -> None:
         self.n_tokens_max = n_tokens_max
         self.token_ids = np.zeros(n_tokens_max, dtype=np.int32)
         self.positions = np.zeros(n_tokens_max, dtype=np.int32)
@@ -364,7 +372,8 @@ class Batch:
         self.n_outputs = 0
         self._struct = _lc.llama_batch()
         self._struct.token = self.token_ids.ctypes.data_as(ctypes.POINTER(_lc.llama_token))
-        self._struct.embd = None
+        self.embd = np.zeros((n_tokens_max, n_embd), dtype=np.float32) if n_embd else None
+        self._struct.embd = self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if n_embd else None
         self._struct.pos = self.positions.ctypes.data_as(ctypes.POINTER(_lc.llama_pos))
         self._struct.n_seq_id = self._n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         self._struct.seq_id = self._seq_id_ptrs
@@ -374,14 +383,18 @@ class Batch:
         self.n_tokens = 0
         self.n_outputs = 0
 
-    def add(self, seq_id: int, token_ids: list[int], first_pos: int, n_logits: int) -> int:
-        """Append a run of one sequence's tokens; the last n_logits of them output logits.
+    def add(self, seq_id: int, token_ids: list[int], first_pos: int, n_logits: int,
+            embd: np.ndarray | None = None) -> int:
+        """Append a run of one sequence's tokens; the last n_logits of them output logits (and
+        `embd`, one row per token, where the batch carries embeddings).
 
         Returns the output row index of the first logits row of this run (or -1)."""
         n = len(token_ids)
         start, end = self.n_tokens, self.n_tokens + n
         if end > self.n_tokens_max:
             raise ValueError(f"batch overflow: {end} > {self.n_tokens_max}")
+        if self.embd is not None:
+            self.embd[start:end] = 0.0 if embd is None else embd
         if n == 1:  # a decode row: item assignments cost a tenth of slices
             self.token_ids[start] = token_ids[0]
             self.positions[start] = first_pos
@@ -411,10 +424,20 @@ class Batch:
 
 
 class Context:
-    """One llama.cpp context holding n_seq sequences (the KV slots), all decoded in one batch."""
+    """One llama.cpp context holding n_seq sequences (the KV slots), all decoded in one batch.
 
-    def __init__(self, model: Model, shape: ContextShape) -> None:
+    `mtp_of`: instead, the multi-token-prediction context of that (target) context: the same
+    model's MTP layers with a KV of their own, fed tokens with the target's hidden rows.
+    `other`: an EAGLE3 draft's target (it borrows the target's embeddings and output head where
+    the draft has none)."""
+
+    def __init__(self, model: Model, shape: ContextShape, mtp_of: Context | None = None,
+                 other: Context | None = None) -> None:
         params = _lc.llama_context_default_params()
+        if mtp_of is not None:
+            params.ctx_type = 1  # LLAMA_CONTEXT_TYPE_MTP
+        if (mtp_of or other) is not None:
+            params.ctx_other = (mtp_of or other)._ptr
         params.n_ctx = shape.n_ctx_per_seq * shape.n_seq
         params.n_batch = shape.n_batch_max
         params.n_ubatch = shape.n_ubatch
@@ -434,6 +457,7 @@ class Context:
         self.model = model
         self.shape = shape
         self.n_ctx: int = _lc.llama_n_ctx(self._ptr)
+        self.n_embd_inp = model.n_embd_out if mtp_of is not None else 0  # embedding columns its batches carry
         self._memory = _lc.llama_get_memory(self._ptr)
         self._n_vocab = model.n_vocab
         self._logits = np.empty((0, self._n_vocab), dtype=np.float32)  # a view of llama.cpp's output buffer
@@ -463,6 +487,29 @@ class Context:
             self._logits = np.ctypeslib.as_array(ptr, shape=(n, self._n_vocab))
             self._logits_address = address
         return self._logits[:n]
+
+    # -- hidden rows (the staging calls; runtime/staging.py) ------------------------------------
+    def capture_hidden(self, masked: bool = False) -> None:
+        """From the next decode on, keep each token's last hidden row (all rows, in batch order;
+        `masked`: only the rows that output logits)."""
+        staging.call("llama_set_embeddings_nextn", self._ptr, True, masked)
+
+    def hidden(self, n_rows: int) -> np.ndarray:
+        """The last decode's hidden rows (n_rows, n_embd_out): a copy."""
+        ptr = staging.call("llama_get_embeddings_nextn", self._ptr)
+        if not ptr:
+            raise RuntimeError("llama.cpp kept no hidden rows for the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd_out)).copy()
+
+    def capture_layer_input(self, layer: int) -> None:
+        """From the next decode on, keep every token's input to this layer (EAGLE3's taps)."""
+        staging.call("llama_set_embeddings_layer_inp", self._ptr, layer, True)
+
+    def layer_input(self, layer: int, n_rows: int) -> np.ndarray:
+        ptr = staging.call("llama_get_embeddings_layer_inp", self._ptr, layer)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp kept no input rows for layer {layer}")
+        return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd)).copy()
 
     # -- KV sequence operations -----------------------------------------------------------
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:

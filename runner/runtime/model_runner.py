@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -55,6 +55,11 @@ class ModelRunner:
             in_scratch_thread(lambda: warm_up(self.context, self._batch))
         self.n_padding_tokens = 0  # junk tokens decoded to keep batches invariant
         self.images: ImageDecoder | None = None  # a vision model's projector (set by whoever loads it)
+        # what an MTP or EAGLE3 drafter reads of every decode: (context, n_tokens) -> a row per batch
+        # token (its hidden row, its layer inputs), kept as `tapped`, row i's tokens from tapped_starts[i]
+        self.tap: Callable[[Context, int], np.ndarray] | None = None
+        self.tapped = np.empty((0, 0), dtype=np.float32)
+        self.tapped_starts: list[int] = []
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -86,6 +91,11 @@ class ModelRunner:
         if self._trace:
             self._record(["decode", self._traced_rows(in_slot_order, padding)])
         logits = self.context.decode(batch)
+        if self.tap is not None:
+            self.tapped = self.tap(self.context, batch.n_tokens)
+            self.tapped_starts = [0] * len(rows)
+            for i, start in zip(order, starts):
+                self.tapped_starts[i] = start
         for seq_id, first_junk in junk_rows:
             self.kv_remove(seq_id, first_junk, -1)
         out: list[np.ndarray] = [logits[:0]] * len(rows)

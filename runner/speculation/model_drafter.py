@@ -7,17 +7,13 @@ per further draft position. Free order: this drafter's context and model before 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from runner.core.errors import ModelLoadError
 from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.llama import Batch, Context, ContextShape, Model
-from runner.sampling.sampler import Sampler
+from runner.speculation.draft_samplers import DraftSamplers
 from runner.speculation.drafter import DraftJob, register_drafter
-
-DRAFT_SEED_OFFSET = 0x9E3779B97F4A7C15
 
 
 def check_same_vocab_header(target: GgufInfo, draft: GgufInfo) -> None:
@@ -58,7 +54,7 @@ class ModelDrafter:
         self.context = Context(model, shape)
         self._batch = Batch(max(shape.n_batch, shape.n_seq * 2))
         self._cached: dict[int, list[int]] = {}  # per slot: tokens in the draft KV
-        self._samplers: dict[int, tuple[str, Sampler]] = {}  # per slot: (request id, its draft sampler)
+        self._samplers = DraftSamplers()
 
     def propose(self, jobs: list[DraftJob]) -> None:
         jobs = sorted((j for j in jobs if j.k > 0), key=lambda j: j.slot_id)  # slot order: fewer micro-batches
@@ -68,12 +64,9 @@ class ModelDrafter:
         live = list(range(len(jobs)))
         for depth in range(max(j.k for j in jobs)):
             for row, i in enumerate(live):
-                job = jobs[i]
-                sampler = self._sampler(job)
-                dist = sampler.distribution(logits[row])
-                token = int(dist.token_ids[0]) if len(dist.token_ids) == 1 else sampler.draw(dist)
-                job.draft_ids.append(token)
-                job.draft_dists.append(None if len(dist.token_ids) == 1 else dist)
+                token, dist = self._samplers.draw(jobs[i], logits[row])
+                jobs[i].draft_ids.append(token)
+                jobs[i].draft_dists.append(dist)
             live = [i for i in live if len(jobs[i].draft_ids) < jobs[i].k]
             if not live:
                 break
@@ -127,15 +120,6 @@ class ModelDrafter:
         cached = self._cached[slot_id]
         self._batch.add(slot_id, tokens, len(cached), n_logits)
         cached.extend(tokens)
-
-    def _sampler(self, job: DraftJob) -> Sampler:
-        held = self._samplers.get(job.slot_id)
-        if held is None or held[0] != job.request_id:
-            seed = job.sampling.seed
-            # its own stream, independent of the target's draws (the rejection rule needs that)
-            params = dataclasses.replace(job.sampling, seed=None if seed is None else (seed + DRAFT_SEED_OFFSET) % 2**64)
-            held = self._samplers[job.slot_id] = (job.request_id, Sampler(params))
-        return held[1]
 
     def close(self) -> None:
         self.context.close()

@@ -173,6 +173,9 @@ class Speculator:
     def learn(self, plan: BatchPlan, step_s: float) -> None:
         """After verification: record acceptance by position for the request and the drafter, and
         how much longer than priced the step took (step_s: its wall time)."""
+        after_step = getattr(self.drafter, "after_step", None)
+        if after_step is not None:  # a drafter that reads every decode's target rows (MTP, EAGLE3)
+            after_step(plan)
         if self._priced_s is not None:
             self.unpriced.observe(self._shape, step_s, self._priced_s)
             self._priced_s = None

@@ -165,9 +165,9 @@ def test_a_draft_is_checked_from_its_header_before_its_weights_load(tmp_path: Pa
     loaded_paths: list[str] = []
     real_model = loaded_model.Model
 
-    def model(path: Path, *args: object) -> object:
+    def model(path: Path, *args: object, **kwargs: object) -> object:
         loaded_paths.append(Path(path).name)
-        return real_model(path, *args)
+        return real_model(path, *args, **kwargs)
 
     monkeypatch.setattr(loaded_model, "Model", model)
     with pytest.raises(ModelLoadError, match=r"as many tokens, 265, but not the same ones"):
