@@ -51,14 +51,17 @@ def tiny_vocab() -> tuple[list[str], list[TokenType]]:
 def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2, chat_template: bool | str = True,
                     extra_tokens: tuple[str, ...] = (), perturb: float = 0.0, split_max_tensors: int = 0,
                     pooling_type: int | None = None, extra_specials: tuple[str, ...] = (), n_head: int = 4,
-                    n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 0, scale: float = 0.3) -> Path:
+                    n_head_kv: int = 2, n_ff: int = 128, n_vocab: int = 0, scale: float = 0.3,
+                    shared: float = 0.0) -> Path:
     """`perturb` > 0 adds noise of that scale to every weight: a near-twin of the seed's model.
     chat_template: True for ChatML, or a template's source. split_max_tensors > 0 writes a split
     GGUF (STEM-00001-of-0000N.gguf, ... beside `path`). pooling_type: an embedding model's pooling
     (llama.cpp's enum: 1 mean, 2 CLS, 3 last). extra_specials: tags such as <think> that tokenize whole
     (user-defined tokens: parsed from text, rendered as their text). n_head, n_head_kv, n_ff, and n_vocab
     (padded with made-up tokens; 0: just the byte-level set) give a real model's shapes; `scale` is the
-    weights' standard deviation."""
+    weights' standard deviation; `shared` > 0 gives every token embedding one common direction of that
+    length (with a small `scale`, the residual stream and so the logits barely depend on the input: a
+    model whose draft heads can be made to guess it)."""
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(seed + 1000)
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES] + list(extra_tokens) + list(extra_specials)
@@ -96,7 +99,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    tensor("token_embd.weight", n_vocab, n_embd, scale=1.0)
+    tensor("token_embd.weight", n_vocab, n_embd, scale=1.0) if not shared else w.add_tensor(
+        "token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * 0.7 + shared * rng.standard_normal(n_embd)).astype(np.float32))
     ones("output_norm.weight", n_embd)
     tensor("output.weight", n_vocab, n_embd, scale=1.0)
     for i in range(n_layer):

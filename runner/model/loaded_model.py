@@ -41,7 +41,8 @@ from runner.scheduler.engine import Engine
 from runner.scheduler.request import MediaSpan, media_placeholder
 from runner.scheduler.scheduler import Scheduler
 from runner.runtime import staging
-from runner.speculation import model_drafter, mtp_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.speculation import eagle3_drafter, model_drafter, mtp_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
+from runner.speculation.eagle3_drafter import is_eagle3_head
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
@@ -207,6 +208,9 @@ class LoadedModel:
         opts = self.options
         draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
         draft = "mtp" if self.uses_mtp else draft
+        if opts.spec == "eagle3" and not draft:
+            raise OptionError("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF of "
+                              "architecture eagle3)")
         forced = opts.spec in ("on", "mtp", "eagle3")
         mode = SpecMode.ON if forced else SpecMode(opts.spec or ("auto" if draft else "off"))
         if not draft or mode is SpecMode.OFF:
@@ -215,7 +219,7 @@ class LoadedModel:
         if mode is SpecMode.AUTO:
             target_costs = self._costs(store, self.path, self.runner.context, log)
         draft_costs, prior = None, PRIOR_ACCEPT
-        if draft == "mtp":
+        if self.uses_mtp:
             drafter = make_drafter("mtp", target=self.runner, shape=shape)
             log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")
             if target_costs:
@@ -229,21 +233,32 @@ class LoadedModel:
         else:
             draft_path, draft_ref = store.resolve(draft)
             draft_info = read_gguf(draft_path)
+            is_head = is_eagle3_head(draft_info.architecture)
+            if opts.spec == "eagle3" and not is_head:
+                raise OptionError(f"--spec eagle3: {draft_path.name} is a {draft_info.architecture} model, "
+                                  "not an EAGLE3 head (GGUF architecture eagle3)")
+            if is_head:
+                staging.require(staging.EAGLE3_CALLS, "an EAGLE3 head")
             check_same_vocab_header(self.info, draft_info)
             draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
                                          self.devices, reserved=self.offload.gpu_bytes)
             both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
             both.check()
-            log(f"draft model: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
+            kind = "EAGLE3 head" if is_head else "draft model"
+            log(f"{kind}: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
             draft_model = Model(draft_path, draft_offload.n_gpu_layers, devices=self.layer_devices)
             try:
-                drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
+                if is_head:  # (the head reads the target's layer inputs: it drafts for this runner's context)
+                    drafter = make_drafter("eagle3", target=self.runner, model=draft_model, shape=shape)
+                else:
+                    drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
             except BaseException:
                 draft_model.close()
                 raise
             if target_costs:
                 draft_costs = self._costs(store, draft_path, drafter.context, log)
-                prior = self._agreement(store, draft_path, drafter.context, log)
+                if not is_head:  # (a head's acceptance starts from the prior: it cannot run without its target's rows)
+                    prior = self._agreement(store, draft_path, drafter.context, log)
         costs = None
         if target_costs:
             costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)

@@ -216,6 +216,7 @@ class Model:
         self.n_embd: int = _lc.llama_model_n_embd(self._ptr)
         self.n_embd_out: int = _lc.llama_model_n_embd_out(self._ptr)  # a hidden row's width (MTP's input)
         self.n_layer_nextn: int = _lc.llama_model_n_layer_nextn(self._ptr)  # MTP layers in the file
+        self.architecture = self.meta("general.architecture") or ""
         self.n_head: int = _lc.llama_model_n_head(self._ptr)
         self.n_head_kv: int = _lc.llama_model_n_head_kv(self._ptr)
         self.n_params: int = _lc.llama_model_n_params(self._ptr)
@@ -317,6 +318,12 @@ class Model:
 
     def detokenize(self, token_ids: list[int]) -> str:
         return b"".join(self.token_bytes(t) for t in token_ids).decode("utf-8", "replace")
+
+    def target_layer_ids(self) -> list[int]:
+        """An EAGLE3 head's target layers: whose inputs it reads (staging calls)."""
+        n = staging.call("llama_model_target_layer_ids_n", self._ptr)
+        ids = staging.call("llama_model_target_layer_ids", self._ptr)
+        return [int(ids[i]) for i in range(n)]
 
     def close(self) -> None:
         if self._ptr:
@@ -457,7 +464,9 @@ class Context:
         self.model = model
         self.shape = shape
         self.n_ctx: int = _lc.llama_n_ctx(self._ptr)
-        self.n_embd_inp = model.n_embd_out if mtp_of is not None else 0  # embedding columns its batches carry
+        # embedding columns its batches carry: an MTP context's take the target's hidden rows, an EAGLE3
+        # head's (a draft with a target) their fused features
+        self.n_embd_inp = model.n_embd_out if mtp_of is not None else model.n_embd if other is not None else 0
         self._memory = _lc.llama_get_memory(self._ptr)
         self._n_vocab = model.n_vocab
         self._logits = np.empty((0, self._n_vocab), dtype=np.float32)  # a view of llama.cpp's output buffer
@@ -500,6 +509,29 @@ class Context:
         if not ptr:
             raise RuntimeError("llama.cpp kept no hidden rows for the last decode")
         return np.ctypeslib.as_array(ptr, shape=(n_rows, self.model.n_embd_out)).copy()
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        """Run the encoder (an EAGLE3 head's fc) on embedding rows, a micro-batch at a time; its
+        output rows (n, n_embd_out), read as hidden rows (capture_hidden first)."""
+        out = []
+        zero = ctypes.c_int32(0)
+        for start in range(0, len(rows), self.shape.n_ubatch):
+            chunk = np.ascontiguousarray(rows[start : start + self.shape.n_ubatch], dtype=np.float32)
+            n = len(chunk)
+            n_seq_id, wants = np.ones(n, dtype=np.int32), np.ones(n, dtype=np.int8)
+            seq_ids = (ctypes.POINTER(ctypes.c_int32) * n)(*[ctypes.pointer(zero)] * n)
+            batch = _lc.llama_batch()
+            batch.n_tokens = n
+            batch.token, batch.pos = None, None  # (positions: llama.cpp's own; the encoder uses none)
+            batch.embd = chunk.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            batch.n_seq_id = n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+            batch.seq_id = seq_ids
+            batch.logits = wants.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+            rc = _lc.llama_encode(self._ptr, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_encode failed with code {rc}: {recent_log(2)}")
+            out.append(self.hidden(n))
+        return np.vstack(out) if out else np.empty((0, self.model.n_embd_out), dtype=np.float32)
 
     def capture_layer_input(self, layer: int) -> None:
         """From the next decode on, keep every token's input to this layer (EAGLE3's taps)."""

@@ -1,0 +1,137 @@
+"""A drafter fed by the target's own rows: a small context (MTP layers, an EAGLE3 head) whose every
+KV position takes a token together with a row the target computed for the token before it.
+
+Position p of the draft KV holds context token i = p + shift with row(i - 1), the target's row of
+the token before (MTP: shift 0, the hidden row; EAGLE3: shift 1, its fused layer inputs). Its logits
+guess token i + 1; its own hidden row goes with that guess into the next position. Each step, one
+batched decode catches every drafting slot up to its committed tokens (the rows come from
+target_rows.TargetRows, kept after every step) and yields the first drafts; then one batched decode
+per further draft position. The drafts' positions hold the drafter's rows, not the target's: they
+are removed after the step, so the draft KV holds only tokens fed with the target's rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runner.runtime.llama import Batch, Context, ContextShape
+from runner.runtime.model_runner import ModelRunner
+from runner.scheduler.batch import BatchPlan
+from runner.speculation.draft_samplers import DraftSamplers
+from runner.speculation.drafter import DraftJob
+from runner.speculation.target_rows import TargetRows
+
+
+class FedDrafter:
+    name = "fed"
+    is_free = False
+    shift = 0  # draft position p holds context token p + shift
+    all_logits = False  # every row of a draft batch outputs logits (a graph without output selection)
+
+    def __init__(self, target: ModelRunner, context: Context, shape: ContextShape, row_width: int,
+                 embd_width: int) -> None:
+        self.target = target
+        self.context = context
+        self.context.capture_hidden(masked=False)  # (all rows, by batch index: catch-up and drafts share a batch)
+        self._batch = Batch(max(shape.n_batch, shape.n_seq * 2), embd_width)
+        self.rows = TargetRows(row_width, shape.n_ctx_per_seq)
+        self._cached: dict[int, list[int]] = {}  # per slot: context tokens in the draft KV, fed with the target's rows
+        self._samplers = DraftSamplers()
+        self._chained: set[int] = set()  # slots whose draft KV holds draft positions until after_step
+
+    def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
+        """The embedding rows that go with context tokens [i0, i1) (from the target's rows of i0-1..i1-2)."""
+        raise NotImplementedError
+
+    def after_step(self, plan: BatchPlan) -> None:
+        """Keep the step's target rows (the speculator calls this after every step) and drop the
+        drafts' positions from the draft KV."""
+        self.rows.record(plan, self.target)
+        for slot_id in self._chained:
+            self.context.kv_remove(slot_id, len(self._cached[slot_id]), -1)
+        self._chained.clear()
+
+    def propose(self, jobs: list[DraftJob]) -> None:
+        jobs = sorted((j for j in jobs if j.k > 0 and len(j.context_ids) > self.shift
+                       and self.rows.covers(j.slot_id, j.context_ids, len(j.context_ids) - 1)),
+                      key=lambda j: j.slot_id)
+        if not jobs:
+            return
+        logits, hidden = self._catch_up(jobs)
+        positions = {j.slot_id: len(j.context_ids) - self.shift for j in jobs}  # where each next draft goes
+        live = list(range(len(jobs)))
+        for _ in range(max(j.k for j in jobs)):
+            for row, i in enumerate(live):
+                token, dist = self._samplers.draw(jobs[i], logits[row])
+                jobs[i].draft_ids.append(token)
+                jobs[i].draft_dists.append(dist)
+            fed = [(i, hidden[row]) for row, i in enumerate(live) if len(jobs[i].draft_ids) < jobs[i].k]
+            if not fed:
+                break
+            live = [i for i, _ in fed]
+            self._batch.clear()
+            for i, h in fed:  # this depth's drafts, each with the drafter's own row for the token before
+                slot = jobs[i].slot_id
+                self._batch.add(slot, [jobs[i].draft_ids[-1]], positions[slot], 1, embd=h[None, :])
+                positions[slot] += 1
+                self._chained.add(slot)
+            logits = self.context.decode(self._batch)
+            hidden = self.context.hidden(self._batch.n_tokens)
+
+    def _n_common(self, slot_id: int, context_ids: list[int]) -> int:
+        """Leading positions the draft KV already holds (the last token is always fed again)."""
+        cached = self._cached.get(slot_id, [])
+        limit = min(len(cached), len(context_ids) - 1 - self.shift)
+        n_common = 0
+        while n_common < limit and cached[n_common] == context_ids[n_common + self.shift]:
+            n_common += 1
+        return n_common
+
+    def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        return max(0, len(context_ids) - self.shift - self._n_common(slot_id, context_ids))
+
+    def on_copy(self, src_slot: int, dst_slot: int) -> None:
+        """The target copied a slot's KV into another: the draft KV and the rows follow."""
+        self.context.kv_copy(src_slot, dst_slot, -1, -1)
+        self._cached[dst_slot] = list(self._cached.get(src_slot, []))
+        self.rows.copy(src_slot, dst_slot)
+
+    def _catch_up(self, jobs: list[DraftJob]) -> tuple[np.ndarray, np.ndarray]:
+        """Feed each slot what its draft KV lacks, up to the token to draft from; the first drafts'
+        logits and the drafter's hidden rows for them (a row per job)."""
+        todo: dict[int, list[int]] = {}
+        for job in jobs:
+            cached = self._cached.setdefault(job.slot_id, [])
+            n_common = self._n_common(job.slot_id, job.context_ids)
+            self.context.kv_remove(job.slot_id, n_common, -1)
+            del cached[n_common:]
+            todo[job.slot_id] = job.context_ids[n_common + self.shift :]
+        capacity = self._batch.n_tokens_max
+        while sum(len(t) for t in todo.values()) > capacity:  # long catch-ups (a new prompt) go in chunks
+            self._batch.clear()
+            for slot_id, tokens in todo.items():
+                n = min(len(tokens) - 1, capacity - self._batch.n_tokens)
+                if n > 0:
+                    self._feed(slot_id, tokens[:n], last_logits=False)
+                    todo[slot_id] = tokens[n:]
+            self.context.decode(self._batch)
+        self._batch.clear()
+        logits_rows, hidden_rows = [], []
+        for job in jobs:
+            first = self._feed(job.slot_id, todo[job.slot_id], last_logits=True)
+            logits_rows.append(first + (len(todo[job.slot_id]) - 1 if self.all_logits else 0))
+            hidden_rows.append(self._batch.n_tokens - 1)
+        logits = self.context.decode(self._batch)
+        return logits[logits_rows], self.context.hidden(self._batch.n_tokens)[hidden_rows]
+
+    def _feed(self, slot_id: int, tokens: list[int], last_logits: bool) -> int:
+        cached = self._cached[slot_id]
+        first = len(cached) + self.shift  # the context index of the first token
+        n_logits = len(tokens) if self.all_logits else int(last_logits)
+        row = self._batch.add(slot_id, tokens, len(cached), n_logits, embd=self.inputs(slot_id, first, first + len(tokens)))
+        cached.extend(tokens)
+        return row
+
+    def close(self) -> None:
+        self.target.tap = None
+        self.context.close()

@@ -1,0 +1,68 @@
+"""Write a tiny random-weight EAGLE3 draft head (GGUF architecture `eagle3`) for a tiny llama target:
+one decoder layer that reads a token with `fc` of the target's three tapped layer inputs. It has no
+token embeddings or output head of its own: it borrows the target's, as many published heads do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+from tiny_gguf import add_vocab, tiny_vocab
+
+
+def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2), n_embd_target: int = 64,
+                           seed: int = 0, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
+                           scale: float = 0.3, agreeing: bool = False) -> Path:
+    """`agreeing`: `fc` passes the last tapped layer's input through and the layer barely changes it,
+    so the head guesses what a target written with `shared` (tiny_gguf) says next."""
+    rng = np.random.default_rng(seed)
+    scale = 0.02 if agreeing else scale
+    tokens, types = tiny_vocab()
+    head_dim = n_embd // n_head
+    arch = "eagle3"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny-random-eagle3")
+    w.add_file_type(0)
+    w.add_block_count(1)
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_array(f"{arch}.target_layers", list(target_layers))  # (gguf has no helper for it)
+    w.add_uint32(f"{arch}.target_hidden_size", n_embd_target)
+    w.add_vocab_size(len(tokens))
+    add_vocab(w, tokens, types)
+
+    def tensor(name: str, *shape: int) -> None:  # numpy order: ggml's ne reversed
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    if agreeing:
+        w.add_tensor("fc.weight", np.hstack([np.zeros((n_embd, (len(target_layers) - 1) * n_embd_target)),
+                                             np.eye(n_embd, n_embd_target)]).astype(np.float32))
+    else:
+        tensor("fc.weight", n_embd, len(target_layers) * n_embd_target)
+    ones("output_norm.weight", n_embd)
+    ones("blk.0.attn_norm.weight", n_embd)
+    ones("blk.0.attn_norm_2.weight", n_embd)
+    tensor("blk.0.attn_q.weight", n_head * head_dim, 2 * n_embd)
+    tensor("blk.0.attn_k.weight", n_head_kv * head_dim, 2 * n_embd)
+    tensor("blk.0.attn_v.weight", n_head_kv * head_dim, 2 * n_embd)
+    tensor("blk.0.attn_output.weight", n_embd, n_head * head_dim)
+    ones("blk.0.ffn_norm.weight", n_embd)
+    tensor("blk.0.ffn_gate.weight", n_ff, n_embd)
+    tensor("blk.0.ffn_up.weight", n_ff, n_embd)
+    tensor("blk.0.ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
