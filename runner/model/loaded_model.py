@@ -219,6 +219,14 @@ class LoadedModel:
         if mode is SpecMode.AUTO:
             target_costs = self._costs(store, self.path, self.runner.context, log)
         draft_costs, prior = None, PRIOR_ACCEPT
+        if self.model.keeps_recurrent_state:  # (whatever drafts: a rejected draft would stay in its state)
+            why = (f"{self.path.name} ({self.info.architecture}) keeps a recurrent state, which runner cannot roll "
+                   "back past a rejected draft (llama.cpp's n_rs_seq snapshots are not used yet)")
+            if opts.spec in ("on", "mtp", "eagle3") or opts.draft:
+                raise ModelLoadError(f"--spec {opts.spec}: {why}" if opts.spec in ("on", "mtp", "eagle3")
+                                     else f"--draft {opts.draft}: {why}")
+            log(f"{why}: no speculative decoding")
+            return None
         if self.uses_mtp:
             drafter = make_drafter("mtp", target=self.runner, shape=shape)
             log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")

@@ -217,6 +217,9 @@ class Model:
         self.n_embd_out: int = _lc.llama_model_n_embd_out(self._ptr)  # a hidden row's width (MTP's input)
         self.n_layer_nextn: int = _lc.llama_model_n_layer_nextn(self._ptr)  # MTP layers in the file
         self.architecture = self.meta("general.architecture") or ""
+        # a recurrent or hybrid model (Mamba, Qwen3.5, Qwen3-Next) keeps a state that removing KV
+        # positions does not roll back
+        self.keeps_recurrent_state = bool(_lc.llama_model_is_recurrent(self._ptr) or _lc.llama_model_is_hybrid(self._ptr))
         self.n_head: int = _lc.llama_model_n_head(self._ptr)
         self.n_head_kv: int = _lc.llama_model_n_head_kv(self._ptr)
         self.n_params: int = _lc.llama_model_n_params(self._ptr)

@@ -242,6 +242,25 @@ def test_spec_mtp_on_a_model_without_mtp_layers_is_one_line(tiny_gguf: Path) -> 
                                   "llama.nextn_predict_layers)")
 
 
+def test_a_model_with_a_recurrent_state_is_refused_mtp_in_one_line(mtp_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_init = Model.__init__
+
+    def as_if_hybrid(self: Model, *args: Any, **kwargs: Any) -> None:  # (a hybrid like Qwen3.5: no tiny one here)
+        real_init(self, *args, **kwargs)
+        self.keeps_recurrent_state = True
+
+    monkeypatch.setattr(Model, "__init__", as_if_hybrid)
+    with pytest.raises(ModelLoadError) as refused:
+        load_tiny(mtp_gguf, 1, spec="mtp")
+    assert str(refused.value) == ("--spec mtp: mtp-random.gguf (glm4moe) keeps a recurrent state, which runner "
+                                  "cannot roll back past a rejected draft (llama.cpp's n_rs_seq snapshots are not used yet)")
+    loaded = load_tiny(mtp_gguf, 1)  # by default: loaded, not drafting
+    try:
+        assert loaded.speculator is None
+    finally:
+        loaded.close()
+
+
 def test_spec_eagle3_needs_a_head_for_this_target_and_says_so_in_one_line(
         tiny_gguf: Path, models: dict[tuple[str, bool], Setup], tmp_path: Path) -> None:
     with pytest.raises(OptionError) as refused:
