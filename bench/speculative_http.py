@@ -6,7 +6,7 @@ after pair, alternating which goes first; each pair's ratio comes from the same 
 bench/speculative.py measures inside the engine, this measures from outside, HTTP and streaming
 included, with the server's defaults (auto, no batch padding) for every setting not named.
 
-    python bench/speculative_http.py [--model smollm2-135m-instruct:f16] [--draft ngram] [--concurrency 1 4]
+    python bench/speculative_http.py [--model smollm2-135m-instruct:f16] [--draft ngram|mtp|DRAFT] [--concurrency 1 4]
 
 Workloads: free chat (open questions, every request different) and grounded (repeat or rewrite a
 given text: the reply copies the prompt).
@@ -32,7 +32,8 @@ WORKLOADS = {"free chat": CHAT_PROMPTS, "grounded": GROUNDED}
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct:f16")
-    ap.add_argument("--draft", default="ngram", help="the drafter: 'ngram' or a draft model's catalog name")
+    ap.add_argument("--draft", default="ngram", help="the drafter: 'ngram', a draft model's catalog name or .gguf "
+                                                     "(an EAGLE3 head too), or 'mtp' (the model's own MTP layers)")
     ap.add_argument("--spec", default="auto")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
@@ -42,9 +43,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="off/drafting pairs per cell (medians taken)")
     args = ap.parse_args()
     model = model_path(args.model)
-    if args.draft != "ngram":
+    if args.draft not in ("ngram", "mtp"):
         model_path(args.draft)  # pulled before any timing
-    settings = {"off": ("--spec", "off"), "drafting": ("--draft", args.draft, "--spec", args.spec)}
+    drafting = ("--spec", args.spec) if args.draft == "mtp" else ("--draft", args.draft, "--spec", args.spec)
+    settings = {"off": ("--spec", "off"), "drafting": drafting}
     rows = []
     for workload in args.workloads:
         for c in args.concurrency:

@@ -14,9 +14,10 @@ from tiny_gguf import add_vocab, tiny_vocab
 
 def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2), n_embd_target: int = 64,
                            seed: int = 0, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
-                           scale: float = 0.3, agreeing: bool = False) -> Path:
+                           scale: float = 0.3, agreeing: bool = False, vocab_of: Path | None = None) -> Path:
     """`agreeing`: `fc` passes the last tapped layer's input through and the layer barely changes it,
-    so the head guesses what a target written with `shared` (tiny_gguf) says next."""
+    so the head guesses what a target written with `shared` (tiny_gguf) says next. `vocab_of`: a
+    target GGUF whose tokenizer the head carries (as a real head does: bench/drafting_cost.py)."""
     rng = np.random.default_rng(seed)
     scale = 0.02 if agreeing else scale
     tokens, types = tiny_vocab()
@@ -36,8 +37,11 @@ def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2
     w.add_layer_norm_rms_eps(1e-5)
     w.add_array(f"{arch}.target_layers", list(target_layers))  # (gguf has no helper for it)
     w.add_uint32(f"{arch}.target_hidden_size", n_embd_target)
-    w.add_vocab_size(len(tokens))
-    add_vocab(w, tokens, types)
+    if vocab_of is None:
+        w.add_vocab_size(len(tokens))
+        add_vocab(w, tokens, types)
+    else:
+        _copy_vocab(w, vocab_of)
 
     def tensor(name: str, *shape: int) -> None:  # numpy order: ggml's ne reversed
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
@@ -66,3 +70,20 @@ def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _copy_vocab(w: GGUFWriter, target: Path) -> None:
+    """The target's tokenizer.ggml.* keys, as stored."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(str(target))
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer.ggml."):
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            w.add_array(name, list(field.contents()))
+        elif kind == GGUFValueType.STRING:
+            w.add_string(name, field.contents())
+        else:
+            w.add_key_value(name, field.contents(), kind)

@@ -501,10 +501,10 @@ class Context:
         return self._logits[:n]
 
     # -- hidden rows (the staging calls; runtime/staging.py) ------------------------------------
-    def capture_hidden(self, masked: bool = False) -> None:
+    def capture_hidden(self, masked: bool = False, on: bool = True) -> None:
         """From the next decode on, keep each token's last hidden row (all rows, in batch order;
-        `masked`: only the rows that output logits)."""
-        staging.call("llama_set_embeddings_nextn", self._ptr, True, masked)
+        `masked`: only the rows that output logits), or with `on` False, stop."""
+        staging.call("llama_set_embeddings_nextn", self._ptr, on, masked)
 
     def hidden(self, n_rows: int) -> np.ndarray:
         """The last decode's hidden rows (n_rows, n_embd_out): a copy."""
@@ -536,9 +536,9 @@ class Context:
             out.append(self.hidden(n))
         return np.vstack(out) if out else np.empty((0, self.model.n_embd_out), dtype=np.float32)
 
-    def capture_layer_input(self, layer: int) -> None:
-        """From the next decode on, keep every token's input to this layer (EAGLE3's taps)."""
-        staging.call("llama_set_embeddings_layer_inp", self._ptr, layer, True)
+    def capture_layer_input(self, layer: int, on: bool = True) -> None:
+        """From the next decode on, keep every token's input to this layer (EAGLE3's taps), or stop."""
+        staging.call("llama_set_embeddings_layer_inp", self._ptr, layer, on)
 
     def layer_input(self, layer: int, n_rows: int) -> np.ndarray:
         ptr = staging.call("llama_get_embeddings_layer_inp", self._ptr, layer)

@@ -33,16 +33,22 @@ class Eagle3Drafter(FedDrafter):
         if len(layers) != 3 or not all(0 <= lid <= n_layer for lid in layers):
             raise ModelLoadError(f"the EAGLE3 head {model.path.name} reads layers {layers} of its target; "
                                  f"{target.model.path.name} has {n_layer}: it is not this model's head")
-        for lid in layers:  # (the layer after the last: the target's last hidden row)
-            target.context.capture_hidden() if lid == n_layer else target.context.capture_layer_input(lid)
-
-        def tap(context: Context, n_tokens: int) -> np.ndarray:
-            return np.hstack([context.hidden(n_tokens) if lid == n_layer else context.layer_input(lid, n_tokens)
-                              for lid in layers])
-
-        target.tap = tap
+        self.layers = layers
+        self.target = target
         super().__init__(target, Context(model, shape, other=target.context), shape, 3 * target.model.n_embd,
                          model.n_embd)
+
+    def taps(self, on: bool) -> None:
+        n_layer = self.target.model.n_layer
+        context = self.target.context
+        for lid in self.layers:  # (the layer after the last: the target's last hidden row)
+            context.capture_hidden(on=on) if lid == n_layer else context.capture_layer_input(lid, on=on)
+        self.target.tap = self._tap if on else None
+
+    def _tap(self, context: Context, n_tokens: int) -> np.ndarray:
+        n_layer = self.target.model.n_layer
+        return np.hstack([context.hidden(n_tokens) if lid == n_layer else context.layer_input(lid, n_tokens)
+                          for lid in self.layers])
 
     def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
         return self.context.encode(self.rows.get(slot_id, i0 - 1, i1 - 1))

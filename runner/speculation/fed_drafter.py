@@ -26,7 +26,9 @@ class FedDrafter:
     name = "fed"
     is_free = False
     shift = 0  # draft position p holds context token p + shift
-    all_logits = False  # every row of a draft batch outputs logits (a graph without output selection)
+    # a graph without output selection (EAGLE3's): every row computes logits, and llama.cpp hands
+    # back the first rows' as the outputs. A batch's rows all output logits or none do.
+    all_logits = False
 
     def __init__(self, target: ModelRunner, context: Context, shape: ContextShape, row_width: int,
                  embd_width: int) -> None:
@@ -38,6 +40,8 @@ class FedDrafter:
         self._cached: dict[int, list[int]] = {}  # per slot: context tokens in the draft KV, fed with the target's rows
         self._samplers = DraftSamplers()
         self._chained: set[int] = set()  # slots whose draft KV holds draft positions until after_step
+        self.is_asleep = False
+        self.taps(True)
 
     def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
         """The embedding rows that go with context tokens [i0, i1) (from the target's rows of i0-1..i1-2)."""
@@ -46,15 +50,14 @@ class FedDrafter:
     def after_step(self, plan: BatchPlan) -> None:
         """Keep the step's target rows (the speculator calls this after every step) and drop the
         drafts' positions from the draft KV."""
-        self.rows.record(plan, self.target)
+        if not self.is_asleep:
+            self.rows.record(plan, self.target)
         for slot_id in self._chained:
             self.context.kv_remove(slot_id, len(self._cached[slot_id]), -1)
         self._chained.clear()
 
     def propose(self, jobs: list[DraftJob]) -> None:
-        jobs = sorted((j for j in jobs if j.k > 0 and len(j.context_ids) > self.shift
-                       and self.rows.covers(j.slot_id, j.context_ids, len(j.context_ids) - 1)),
-                      key=lambda j: j.slot_id)
+        jobs = sorted((j for j in jobs if j.k > 0 and self._can_draft(j)), key=lambda j: j.slot_id)
         if not jobs:
             return
         logits, hidden = self._catch_up(jobs)
@@ -78,6 +81,13 @@ class FedDrafter:
             logits = self.context.decode(self._batch)
             hidden = self.context.hidden(self._batch.n_tokens)
 
+    def _can_draft(self, job: DraftJob) -> bool:
+        """Are the target's rows there for every token the draft KV lacks (none missed while asleep)?"""
+        if self.is_asleep or len(job.context_ids) <= self.shift:
+            return False
+        first_row = max(0, self._n_common(job.slot_id, job.context_ids) + self.shift - 1)
+        return self.rows.covers(job.slot_id, job.context_ids, first_row, len(job.context_ids) - 1)
+
     def _n_common(self, slot_id: int, context_ids: list[int]) -> int:
         """Leading positions the draft KV already holds (the last token is always fed again)."""
         cached = self._cached.get(slot_id, [])
@@ -89,6 +99,24 @@ class FedDrafter:
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         return max(0, len(context_ids) - self.shift - self._n_common(slot_id, context_ids))
+
+    # -- asleep: no taps -------------------------------------------------------------------------
+    def taps(self, on: bool) -> None:
+        """Have the target keep (or stop keeping) the rows this drafter reads, from its next decode."""
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Stop reading the target's rows (their output costs the target's every step, ~10% of a
+        small model's): auto calls this when drafting has stopped paying. Slots whose rows were
+        missed while asleep do not draft again."""
+        if not self.is_asleep:
+            self.is_asleep = True
+            self.taps(False)
+
+    def wake(self) -> None:
+        if self.is_asleep:
+            self.is_asleep = False
+            self.taps(True)
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         """The target copied a slot's KV into another: the draft KV and the rows follow."""
@@ -107,7 +135,9 @@ class FedDrafter:
             del cached[n_common:]
             todo[job.slot_id] = job.context_ids[n_common + self.shift :]
         capacity = self._batch.n_tokens_max
-        while sum(len(t) for t in todo.values()) > capacity:  # long catch-ups (a new prompt) go in chunks
+        # long catch-ups (a new prompt) go in chunks; a graph that computes every row's logits
+        # (EAGLE3's) gets the rows before each last one in batches of their own, without outputs
+        while sum(len(t) for t in todo.values()) > (len(todo) if self.all_logits else capacity):
             self._batch.clear()
             for slot_id, tokens in todo.items():
                 n = min(len(tokens) - 1, capacity - self._batch.n_tokens)
@@ -119,7 +149,7 @@ class FedDrafter:
         logits_rows, hidden_rows = [], []
         for job in jobs:
             first = self._feed(job.slot_id, todo[job.slot_id], last_logits=True)
-            logits_rows.append(first + (len(todo[job.slot_id]) - 1 if self.all_logits else 0))
+            logits_rows.append(first)  # (one row each: with all_logits the rows before it went first)
             hidden_rows.append(self._batch.n_tokens - 1)
         logits = self.context.decode(self._batch)
         return logits[logits_rows], self.context.hidden(self._batch.n_tokens)[hidden_rows]
@@ -127,7 +157,7 @@ class FedDrafter:
     def _feed(self, slot_id: int, tokens: list[int], last_logits: bool) -> int:
         cached = self._cached[slot_id]
         first = len(cached) + self.shift  # the context index of the first token
-        n_logits = len(tokens) if self.all_logits else int(last_logits)
+        n_logits = (len(tokens) if self.all_logits else 1) if last_logits else 0
         row = self._batch.add(slot_id, tokens, len(cached), n_logits, embd=self.inputs(slot_id, first, first + len(tokens)))
         cached.extend(tokens)
         return row

@@ -22,10 +22,12 @@ class MtpDrafter(FedDrafter):
     def __init__(self, target: ModelRunner, shape: ContextShape) -> None:
         staging.require(staging.MTP_CALLS, "MTP drafting")
         model = target.model
-        target.context.capture_hidden(masked=False)  # every token's hidden row, prompt chunks included
-        target.tap = lambda context, n_tokens: context.hidden(n_tokens)
         super().__init__(target, Context(model, shape, mtp_of=target.context), shape, model.n_embd_out,
                          model.n_embd_out)
+
+    def taps(self, on: bool) -> None:  # every token's hidden row, prompt chunks included
+        self.target.context.capture_hidden(masked=False, on=on)
+        self.target.tap = (lambda context, n_tokens: context.hidden(n_tokens)) if on else None
 
     def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
         return self.rows.get(slot_id, i0 - 1, i1 - 1)  # (a prompt's first token: zeros)

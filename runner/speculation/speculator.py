@@ -32,6 +32,7 @@ PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
 PRIOR_FROM_SERVER_AFTER = 8  # proposals of a kind, across requests, after which their record is the prior
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
+SLEEP_AFTER = 64  # auto's steps in a row without drafts before a drafter that taps the target (MTP, EAGLE3) sleeps
 
 
 class SpecMode(str, Enum):
@@ -104,6 +105,7 @@ class Speculator:
         self._priced_s: float | None = None  # the current step's priced time (None: not a steady decode-only step)
         self._shape: Shape = (0, 0)  # ... and its shape (UnpricedTime's key)
         self._generating: list = []  # this step's generating (slot id, Sequence)s
+        self._steps_without_drafts = 0
 
     @property
     def n_proposed(self) -> int:
@@ -128,6 +130,9 @@ class Speculator:
         self._priced_s = None
         if self.mode is SpecMode.OFF:
             return
+        if getattr(self.drafter, "is_asleep", False) and any(r.is_prompt for r in plan.rows) and self._worth_waking():
+            self._steps_without_drafts = 0
+            self.drafter.wake()  # (from this step's decode on: a request starting now can draft)
         generating = [r for r in plan.rows if r.slot.state is SlotState.GENERATING and r.slot.seq is not None]
         self._generating = [(r.slot.id, r.slot.seq) for r in generating]  # (learn() shows them to the drafter)
         # a drafting model reads tokens: it cannot follow a prompt with images in it
@@ -147,6 +152,7 @@ class Speculator:
             return
         if self.mode is SpecMode.AUTO and self.costs is not None and self.backoff.take_rest(self._rows_key(plan)):
             self.probe_budget.earn(self.probe_budget.last_plain_s)
+            self._count_idle(0)
             return
         if self.drafter.is_free:  # propose everything, then keep what pays
             jobs = self._jobs(rows, caps)
@@ -162,6 +168,7 @@ class Speculator:
                 row.add_drafts(job.draft_ids[:k], job.draft_dists[:k])
         else:  # drafting costs: decide first, then draft only that much
             ks = self._choose(plan, rows, caps, room)
+            self._count_idle(sum(ks.values()))
             jobs = self._jobs(rows, ks)
             self.drafter.propose([j for j in jobs if j.k > 0])
             for row, job in zip(rows, jobs):
@@ -169,6 +176,25 @@ class Speculator:
         for row in rows:
             self._cut_to_grammar(row)
             self.slots[row.slot.id].k = len(row.draft_ids)
+
+    def _count_idle(self, n_drafts: int) -> None:
+        """Auto put a drafter that taps the target's rows to sleep after SLEEP_AFTER steps without
+        drafts: the taps cost every step even when nothing is drafted."""
+        sleep = getattr(self.drafter, "sleep", None)
+        if sleep is None or self.mode is not SpecMode.AUTO or self.costs is None:
+            return
+        self._steps_without_drafts = 0 if n_drafts else self._steps_without_drafts + 1
+        if self._steps_without_drafts >= SLEEP_AFTER:
+            sleep()
+
+    def _worth_waking(self) -> bool:
+        """Would one slot drafting one token pay at the acceptance this drafter has shown so far?"""
+        costs = self.costs
+        assert costs is not None
+        accept = self._prior(None, None)
+        plain_s = costs.step_s([Row(0, 1, 1)], {0: 0})
+        drafting_s = costs.step_s([Row(0, 2, 2)], {0: 1}, {0: STEADY_CATCH_UP})
+        return (1 + accept) * plain_s > drafting_s
 
     def learn(self, plan: BatchPlan, step_s: float) -> None:
         """After verification: record acceptance by position for the request and the drafter, and

@@ -11,6 +11,7 @@ import numpy as np
 
 from runner.scheduler.batch import BatchPlan
 
+UNKNOWN = -1  # a position whose row was not kept
 FIRST_ROWS = 256  # a slot's rows start this long and double as its context grows
 
 
@@ -46,12 +47,13 @@ class TargetRows:
         held[first_pos:end] = rows
         ids = self._ids.setdefault(slot, [])
         del ids[first_pos:]
+        ids.extend([UNKNOWN] * (first_pos - len(ids)))  # (positions decoded while no rows were kept)
         ids.extend(token_ids)
 
-    def covers(self, slot: int, context_ids: list[int], n: int) -> bool:
-        """Are there rows for the first n positions of this context (checked at its ends)?"""
+    def covers(self, slot: int, context_ids: list[int], lo: int, hi: int) -> bool:
+        """Are there rows of this context's tokens for positions [lo, hi)?"""
         ids = self._ids.get(slot, [])
-        return n <= 0 or (len(ids) >= n and ids[n - 1] == context_ids[n - 1] and ids[0] == context_ids[0])
+        return len(ids) >= hi and ids[lo:hi] == context_ids[lo:hi]
 
     def get(self, slot: int, p0: int, p1: int) -> np.ndarray:
         """Rows for positions [p0, p1); a position before 0 gets zeros (a prompt's first token has no row before it)."""

@@ -19,6 +19,7 @@ from runner.core.errors import ModelLoadError, OptionError
 from runner.runtime import staging
 from runner.runtime.llama import Batch, Context, ContextShape, Model
 from runner.sampling.params import SamplingParams
+from runner.speculation.cost_model import CostTable, ShapeCosts, StepCosts
 from runner.scheduler.request import GenerationRequest
 from test_speculation import chi2_critical
 from tiny_eagle3 import write_tiny_eagle3_gguf
@@ -37,7 +38,7 @@ class Setup:
     options: dict[str, Any]
 
     def load(self, parallel: int, drafting: bool = True, **more: Any):  # type: ignore[no-untyped-def]
-        return load_tiny(self.target, parallel, **(self.options if drafting else {"spec": "off"}), **more)
+        return load_tiny(self.target, parallel, **{**(self.options if drafting else {"spec": "off"}), **more})
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +306,45 @@ def test_without_the_staging_calls_spec_mtp_is_refused_in_one_line_and_auto_draf
             loaded.close()
     finally:
         staging._find.cache_clear()
+
+
+def with_costs(loaded):  # type: ignore[no-untyped-def]
+    """Auto prices steps from these costs, not from the machine's: a target step 10 ms whatever
+    its width (up to 8 tokens), a draft decode 1 ms."""
+    loaded.speculator.costs = StepCosts(ShapeCosts({1: CostTable((1, 8, 64), (0.010, 0.010, 0.080))}),
+                                        ShapeCosts({1: CostTable((1, 8, 64), (0.001, 0.001, 0.008))}))
+    loaded.speculator.unpriced.observe = lambda *_: None  # (and not corrected by the steps' wall time)
+    return loaded
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_auto_puts_a_drafter_that_never_pays_to_sleep_and_wakes_one_that_does(
+        models: dict[tuple[str, bool], Setup], kind: str) -> None:
+    """The target's taps cost every step: where auto stops drafting, the drafter stops reading them."""
+    never = models[(kind, False)]
+    plain = never.load(1, drafting=False)
+    try:
+        expected = [token_ids(e) for e in submit_all(plain.engine, requests(plain, 40))]
+    finally:
+        plain.close()
+    loaded = with_costs(never.load(1, spec="auto"))
+    try:
+        drafter = loaded.speculator.drafter
+        assert not drafter.is_asleep and loaded.runner.tap is not None
+        assert [token_ids(e) for e in submit_all(loaded.engine, requests(loaded, 40))] == expected
+        assert drafter.is_asleep and loaded.runner.tap is None  # (random weights: nothing accepted)
+        assert [token_ids(e) for e in submit_all(loaded.engine, requests(loaded, 40))] == expected
+        assert drafter.is_asleep  # new requests do not wake it: at its acceptance drafting cannot pay
+    finally:
+        loaded.close()
+    loaded = with_costs(models[(kind, True)].load(1, spec="auto"))
+    try:
+        drafter = loaded.speculator.drafter
+        submit_all(loaded.engine, requests(loaded, 40))
+        assert loaded.speculator.n_accepted > 0 and not drafter.is_asleep
+        drafter.sleep()
+        accepted = loaded.speculator.n_accepted
+        submit_all(loaded.engine, requests(loaded, 40)[:1])
+        assert not drafter.is_asleep and loaded.speculator.n_accepted > accepted  # woken by the new prompt
+    finally:
+        loaded.close()
