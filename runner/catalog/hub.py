@@ -24,7 +24,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,11 +86,11 @@ def quant_tag(name: str) -> str | None:
 
 
 def _models(files: list[HubFile]) -> list[tuple[HubFile, ...]]:
-    """The repo's GGUF models: a file, or the parts of a split in order (vision projectors left out)."""
+    """The repo's GGUF models: a file, or the parts of a split in order (projectors and EAGLE3 heads left out)."""
     singles: list[tuple[HubFile, ...]] = []
     splits: dict[str, list[HubFile]] = {}
     for f in files:
-        if not f.name.lower().endswith(".gguf") or is_projector(f.name):
+        if not f.name.lower().endswith(".gguf") or is_companion(f.name):
             continue
         split = _SPLIT.search(f.name)
         if split:
@@ -138,10 +138,28 @@ def is_projector(name: str) -> bool:
     return name.lower().endswith(".gguf") and "mmproj" in Path(name).name.lower()
 
 
+def is_eagle3_head(name: str) -> bool:
+    """An EAGLE3 draft head published beside its target (eagle3-*.gguf): drafts for it, never served alone."""
+    return name.lower().endswith(".gguf") and Path(name).name.lower().startswith("eagle3")
+
+
+def is_companion(name: str) -> bool:
+    """A file that goes with a repo's model rather than being one: a projector, an EAGLE3 head."""
+    return is_projector(name) or is_eagle3_head(name)
+
+
 def choose_projector(model: tuple[HubFile, ...], files: list[HubFile]) -> HubFile | None:
     """The repo's projector for this model: the one of the model's own quant where there are
     several, else F16 (llama.cpp's usual projector precision), else the smallest; None: no projector."""
-    found = [f for f in files if is_projector(f.name)]
+    return _choose_companion(model, [f for f in files if is_projector(f.name)])
+
+
+def choose_eagle3_head(model: tuple[HubFile, ...], files: list[HubFile]) -> HubFile | None:
+    """The repo's EAGLE3 head for this model, chosen as a projector is."""
+    return _choose_companion(model, [f for f in files if is_eagle3_head(f.name)])
+
+
+def _choose_companion(model: tuple[HubFile, ...], found: list[HubFile]) -> HubFile | None:
     if not found:
         return None
     by_tag = {quant_tag(f.name): f for f in sorted(found, key=lambda f: f.size, reverse=True)}
@@ -208,12 +226,20 @@ class HubCache:
 
     def projector(self, ref: HubRef) -> Path | None:
         """The cached projector of what `ref` means (None: its repo has none, or it is not cached)."""
+        return self._companion(ref, choose_projector)
+
+    def eagle3_head(self, ref: HubRef) -> Path | None:
+        """The cached EAGLE3 head its repo publishes for what `ref` means (None: none, or not cached)."""
+        return self._companion(ref, choose_eagle3_head)
+
+    def _companion(self, ref: HubRef, chooser: Callable[[tuple[HubFile, ...], list[HubFile]], HubFile | None]
+                   ) -> Path | None:
         commit = self.commit_of(ref)
         listing = self.listing(ref.repo, commit) if commit else None
         if commit is None or listing is None:
             return None
         try:
-            chosen = choose_projector(choose(ref, listing), listing)
+            chosen = chooser(choose(ref, listing), listing)
         except PullError:
             return None
         path = self.path(ref.repo, commit, chosen.name) if chosen else None
@@ -223,7 +249,7 @@ class HubCache:
         """Every cached Hub model GGUF as (hf.co/ORG/REPO/FILE, path) (projectors are not models)."""
         out = []
         for path in sorted(self.root.glob("*/*/*/*.gguf")):
-            if is_projector(path.name):
+            if is_companion(path.name):
                 continue
             org, repo = path.parts[-4], path.parts[-3]
             out.append((f"hf.co/{org}/{repo}/{path.name}", path))
@@ -268,9 +294,9 @@ def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False)
     parts = choose(ref, listing)
     cache.remember(ref, commit, listing)
     paths = [_download(ref, commit, part, cache, quiet) for part in parts]
-    projector = choose_projector(parts, listing)
-    if projector is not None:  # a vision model: its projector comes with it (loaded by LoadedModel)
-        _download(ref, commit, projector, cache, quiet)
+    for companion in (choose_projector(parts, listing), choose_eagle3_head(parts, listing)):
+        if companion is not None:  # a vision model's projector, a published EAGLE3 head: they come with it
+            _download(ref, commit, companion, cache, quiet)
     return paths[0]
 
 

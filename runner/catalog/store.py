@@ -64,6 +64,11 @@ class ModelStore:
         hub_ref = self.hub_ref(model)
         return hub.HubCache(self.root).projector(hub_ref) if hub_ref is not None else None
 
+    def eagle3_head_of(self, model: str) -> Path | None:
+        """The cached EAGLE3 head a Hub model's repo publishes beside it (pulled with it); None for other models."""
+        hub_ref = self.hub_ref(model)
+        return hub.HubCache(self.root).eagle3_head(hub_ref) if hub_ref is not None else None
+
     def remove(self, name: str) -> list[Path]:
         hub_ref = self.hub_ref(name)
         if hub_ref is not None:
@@ -75,8 +80,8 @@ class ModelStore:
             paths = [self.path_of(ref)]
             if not paths[0].exists():
                 raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
-        projector = self.projector_of(name) if hub_ref is not None else None
-        paths += [projector] if projector is not None else []  # (a vision model's projector goes with it)
+        if hub_ref is not None:  # (a vision model's projector, its EAGLE3 head: they go with it)
+            paths += [p for p in (self.projector_of(name), self.eagle3_head_of(name)) if p is not None]
         for path in paths:
             path.unlink()
         return paths

@@ -27,7 +27,7 @@ from runner.prompt.tools import Tool
 from runner.runtime.calibration import measure
 from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key, vocabulary_key
 from runner.runtime.devices import Device
-from runner.runtime.draft_agreement import measure_agreement
+from runner.runtime.draft_agreement import AGREEMENT_TEXT, measure_agreement
 from runner.runtime.embeddings import Embedder
 from runner.runtime.gguf_file import GgufInfo, read_gguf
 from runner.runtime.layer_split import device_shares, parse_tensor_split
@@ -43,6 +43,7 @@ from runner.scheduler.scheduler import Scheduler
 from runner.runtime import staging
 from runner.speculation import eagle3_drafter, model_drafter, mtp_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.eagle3_drafter import is_eagle3_head
+from runner.speculation.fed_drafter import FedDrafter
 from runner.speculation.cost_model import ShapeCosts, StepCosts
 from runner.speculation.drafter import make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
@@ -75,6 +76,7 @@ class LoadedModel:
         self.options = options or EngineOptions()
         store = store or ModelStore()
         self.path, ref = store.resolve(str(model))
+        self.source = str(model)  # as given: a path, a catalog name or a Hub reference
         # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
         self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
@@ -208,6 +210,11 @@ class LoadedModel:
         opts = self.options
         draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
         draft = "mtp" if self.uses_mtp else draft
+        if not draft and opts.spec in ("", "auto", "on", "eagle3"):  # a Hub model's published head, if any
+            head = store.eagle3_head_of(self.source)
+            if head is not None:
+                log(f"EAGLE3 head: {head.name} (from the model's Hub repository)")
+                draft = str(head)
         if opts.spec == "eagle3" and not draft:
             raise OptionError("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF of "
                               "architecture eagle3)")
@@ -232,6 +239,7 @@ class LoadedModel:
             log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")
             if target_costs:
                 draft_costs = self._costs(store, self.path, drafter.context, log, part="mtp")
+                prior = self._fed_agreement(store, self.path, drafter, log)
         elif draft == "ngram":
             store = NgramStore(opts.ngram_store_mb << 20) if opts.ngram_store_mb > 0 else None
             drafter = make_drafter("ngram", store=store)
@@ -265,8 +273,8 @@ class LoadedModel:
                 raise
             if target_costs:
                 draft_costs = self._costs(store, draft_path, drafter.context, log)
-                if not is_head:  # (a head's acceptance starts from the prior: it cannot run without its target's rows)
-                    prior = self._agreement(store, draft_path, drafter.context, log)
+                prior = (self._fed_agreement(store, draft_path, drafter, log) if is_head
+                         else self._agreement(store, draft_path, drafter.context, log))
         costs = None
         if target_costs:
             costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)
@@ -293,6 +301,18 @@ class LoadedModel:
             return in_scratch_thread(lambda: measure_agreement(self.runner.context, draft_context))
 
         agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
+        return PRIOR_ACCEPT if agreement is None else agreement
+
+    def _fed_agreement(self, store: ModelStore, draft_path: Path, drafter: FedDrafter,
+                       log: Callable[[str], None]) -> float:
+        """How often an MTP or EAGLE3 drafter's top token is the target's on a fixed text, fed the
+        target's rows as it is when drafting (cached per pair; for MTP the pair is the file and itself)."""
+        def measure_pair() -> float | None:
+            log(f"measuring how often {drafter.name} drafting agrees with {self.path.name} (once per model)")
+            tokens = self.model.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
+            return in_scratch_thread(lambda: drafter.measure_agreement(tokens))
+
+        agreement = cached_json(store.root, f"{agreement_key(self.path, draft_path)}:{drafter.name}", measure_pair)
         return PRIOR_ACCEPT if agreement is None else agreement
 
     def compile_constraint(self, spec: GrammarSpec) -> Constraint:

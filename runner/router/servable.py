@@ -43,13 +43,13 @@ def name_of(model: str, catalog: Catalog) -> str:
 
 
 def ggufs_in(directory: Path) -> list[Path]:
-    """The models under a directory: every .gguf but projectors and the later parts of split files."""
+    """The models under a directory: every .gguf but projectors, EAGLE3 heads and the later parts of split files."""
     if not directory.is_dir():
         raise OptionError(f"--models-dir: not a directory: {directory}")
     found = []
     for path in sorted(directory.rglob("*.gguf")):
         split = _SPLIT_PART.search(path.stem)
-        if path.name.lower().startswith("mmproj") or (split and split.group(1) != "00001"):
+        if path.name.lower().startswith(("mmproj", "eagle3")) or (split and split.group(1) != "00001"):
             continue
         found.append(path)
     return found

@@ -21,6 +21,8 @@ from runner.speculation.draft_samplers import DraftSamplers
 from runner.speculation.drafter import DraftJob
 from runner.speculation.target_rows import TargetRows
 
+AGREEMENT_TOKENS_MIN = 16  # fewer positions than this say too little to replace the generic prior
+
 
 class FedDrafter:
     name = "fed"
@@ -99,6 +101,31 @@ class FedDrafter:
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         return max(0, len(context_ids) - self.shift - self._n_common(slot_id, context_ids))
+
+    def measure_agreement(self, token_ids: list[int]) -> float | None:
+        """Share of the positions of a text (a fresh context's first sequence) where the drafter's
+        most likely token is the target's: auto's first acceptance estimate, as for a draft model."""
+        n = min(len(token_ids), self._batch.n_tokens_max, self.context.shape.n_ubatch, self.target.context.shape.n_ubatch)
+        if n < AGREEMENT_TOKENS_MIN or self.is_asleep:
+            return None
+        token_ids, target = token_ids[:n], self.target.context
+        batch = Batch(n)
+        batch.add(0, token_ids, 0, n)
+        try:
+            wanted = target.decode(batch).argmax(axis=1)  # wanted[i]: the target's guess of token i+1
+            rows = self.target.tap(target, n)
+        finally:
+            target.kv_remove(0)
+        self.rows._put(0, 0, token_ids, rows)
+        self._batch.clear()
+        fed = token_ids[self.shift :]
+        self._batch.add(0, fed, 0, len(fed), embd=self.inputs(0, self.shift, n))
+        try:  # draft position p guesses token p + shift + 1
+            guessed = self.context.decode(self._batch).argmax(axis=1)
+        finally:
+            self.context.kv_remove(0)
+            self.rows.forget(0)
+        return float(np.mean(guessed == wanted[self.shift :]))
 
     # -- asleep: no taps -------------------------------------------------------------------------
     def taps(self, on: bool) -> None:

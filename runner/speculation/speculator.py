@@ -32,7 +32,7 @@ PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
 PRIOR_FROM_SERVER_AFTER = 8  # proposals of a kind, across requests, after which their record is the prior
 STEADY_CATCH_UP = 2  # tokens a draft model's KV lacks at a step when it drafted at the last one
-SLEEP_AFTER = 64  # auto's steps in a row without drafts before a drafter that taps the target (MTP, EAGLE3) sleeps
+SLEEP_AFTER = 16  # auto's steps in a row without drafts before a drafter that taps the target (MTP, EAGLE3) sleeps
 
 
 class SpecMode(str, Enum):
@@ -106,6 +106,8 @@ class Speculator:
         self._shape: Shape = (0, 0)  # ... and its shape (UnpricedTime's key)
         self._generating: list = []  # this step's generating (slot id, Sequence)s
         self._steps_without_drafts = 0
+        if mode is SpecMode.AUTO and costs is not None and hasattr(drafter, "sleep") and not self._worth_waking():
+            drafter.sleep()  # (its measured agreement says drafting cannot pay: its taps would cost for nothing)
 
     @property
     def n_proposed(self) -> int:
@@ -133,6 +135,10 @@ class Speculator:
         if getattr(self.drafter, "is_asleep", False) and any(r.is_prompt for r in plan.rows) and self._worth_waking():
             self._steps_without_drafts = 0
             self.drafter.wake()  # (from this step's decode on: a request starting now can draft)
+        if getattr(self.drafter, "is_asleep", False):  # nothing to decide: asleep, it drafts for no slot
+            for spec in self.slots:
+                spec.k = 0
+            return
         generating = [r for r in plan.rows if r.slot.state is SlotState.GENERATING and r.slot.seq is not None]
         self._generating = [(r.slot.id, r.slot.seq) for r in generating]  # (learn() shows them to the drafter)
         # a drafting model reads tokens: it cannot follow a prompt with images in it

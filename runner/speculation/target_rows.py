@@ -63,6 +63,10 @@ class TargetRows:
             out[lo - p0 :] = self._rows[slot][lo:p1]
         return out
 
+    def forget(self, slot: int) -> None:
+        self._rows.pop(slot, None)
+        self._ids.pop(slot, None)
+
     def copy(self, src: int, dst: int) -> None:
         """A slot's KV copied into another: its rows go along."""
         if src in self._rows:

@@ -347,3 +347,25 @@ def test_a_vision_model_from_the_hub_comes_with_its_projector(fake_hub: FakeHub,
         assert loaded.facts.takes_images and loaded.mmproj_path == store.projector_of("hf.co/org/vlm-GGUF:Q8_0")
     finally:
         loaded.close()
+
+
+def test_a_model_from_the_hub_comes_with_the_eagle3_head_its_repo_publishes(
+        fake_hub: FakeHub, tmp_path: Path) -> None:
+    from tiny_eagle3 import write_tiny_eagle3_gguf
+
+    target = write_tiny_gguf(tmp_path / "t.gguf", n_layer=3).read_bytes()
+    head = write_tiny_eagle3_gguf(tmp_path / "h.gguf").read_bytes()
+    fake_hub.repos["org/llm3-GGUF"] = FakeRepo({MAIN: {"llm3-Q8_0.gguf": target, "eagle3-llm3-F16.gguf": head}},
+                                               {"main": MAIN})
+    assert main(["pull", "hf.co/org/llm3-GGUF"]) == 0
+    store = ModelStore()
+    assert store.eagle3_head_of("hf.co/org/llm3-GGUF").name == "eagle3-llm3-F16.gguf"
+    assert [c.name for c in store.cached()] == ["hf.co/org/llm3-GGUF/llm3-Q8_0.gguf"]  # a head is no model
+    loaded = load_tiny("hf.co/org/llm3-GGUF", spec="eagle3")  # type: ignore[arg-type]
+    try:
+        assert loaded.speculator.drafter.name == "eagle3"
+        assert loaded.speculator.drafter.model.path == store.eagle3_head_of("hf.co/org/llm3-GGUF")
+    finally:
+        loaded.close()
+    removed = store.remove("hf.co/org/llm3-GGUF")
+    assert sorted(p.name for p in removed) == ["eagle3-llm3-F16.gguf", "llm3-Q8_0.gguf"]
