@@ -56,4 +56,6 @@ def render_metrics(snap: EngineSnapshot) -> str:
 _GAUGE_HELP = {
     "ngram_store_bytes": "Memory of the n-gram store learned across requests (allocated once).",
     "ngram_store_entries": "N-grams the store holds.",
+    "mtp_target_rows_bytes": "Memory of the target's hidden rows kept for MTP drafting (per slot, grows with its context).",
+    "eagle3_target_rows_bytes": "Memory of the target's layer inputs kept for the EAGLE3 head (per slot, grows with its context).",
 }

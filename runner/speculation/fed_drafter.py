@@ -42,12 +42,17 @@ class FedDrafter:
         self._cached: dict[int, list[int]] = {}  # per slot: context tokens in the draft KV, fed with the target's rows
         self._samplers = DraftSamplers()
         self._chained: set[int] = set()  # slots whose draft KV holds draft positions until after_step
+        self._starts: list[int] = []
         self.is_asleep = False
         self.taps(True)
 
     def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
         """The embedding rows that go with context tokens [i0, i1) (from the target's rows of i0-1..i1-2)."""
         raise NotImplementedError
+
+    def inputs_of(self, spans: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """inputs() for several (slot, i0, i1) at once (EAGLE3 encodes them all in one pass)."""
+        return [self.inputs(*span) for span in spans]
 
     def after_step(self, plan: BatchPlan) -> None:
         """Keep the step's target rows (the speculator calls this after every step) and drop the
@@ -165,29 +170,37 @@ class FedDrafter:
         # long catch-ups (a new prompt) go in chunks; a graph that computes every row's logits
         # (EAGLE3's) gets the rows before each last one in batches of their own, without outputs
         while sum(len(t) for t in todo.values()) > (len(todo) if self.all_logits else capacity):
-            self._batch.clear()
+            feeds, room = [], capacity
             for slot_id, tokens in todo.items():
-                n = min(len(tokens) - 1, capacity - self._batch.n_tokens)
+                n = min(len(tokens) - 1, room)
                 if n > 0:
-                    self._feed(slot_id, tokens[:n], last_logits=False)
+                    feeds.append((slot_id, tokens[:n]))
                     todo[slot_id] = tokens[n:]
+                    room -= n
+            self._feed(feeds, last_logits=False)
             self.context.decode(self._batch)
-        self._batch.clear()
-        logits_rows, hidden_rows = [], []
-        for job in jobs:
-            first = self._feed(job.slot_id, todo[job.slot_id], last_logits=True)
-            logits_rows.append(first)  # (one row each: with all_logits the rows before it went first)
-            hidden_rows.append(self._batch.n_tokens - 1)
+        rows = self._feed([(job.slot_id, todo[job.slot_id]) for job in jobs], last_logits=True)
         logits = self.context.decode(self._batch)
-        return logits[logits_rows], self.context.hidden(self._batch.n_tokens)[hidden_rows]
+        # (one logits row each: with all_logits the rows before each last one went first)
+        hidden_rows = [start + len(todo[job.slot_id]) - 1 for start, job in zip(self._starts, jobs)]
+        return logits[rows], self.context.hidden(self._batch.n_tokens)[hidden_rows]
 
-    def _feed(self, slot_id: int, tokens: list[int], last_logits: bool) -> int:
-        cached = self._cached[slot_id]
-        first = len(cached) + self.shift  # the context index of the first token
-        n_logits = (len(tokens) if self.all_logits else 1) if last_logits else 0
-        row = self._batch.add(slot_id, tokens, len(cached), n_logits, embd=self.inputs(slot_id, first, first + len(tokens)))
-        cached.extend(tokens)
-        return row
+    def _feed(self, feeds: list[tuple[int, list[int]]], last_logits: bool) -> list[int]:
+        """A fresh batch of these slots' tokens with their input rows (the last of each outputting
+        logits where asked); each feed's first logits row. self._starts: each feed's first batch row."""
+        spans = []
+        for slot_id, tokens in feeds:
+            first = len(self._cached[slot_id]) + self.shift  # the context index of the first token
+            spans.append((slot_id, first, first + len(tokens)))
+        self._batch.clear()
+        rows, self._starts = [], []
+        for (slot_id, tokens), embd in zip(feeds, self.inputs_of(spans)):
+            cached = self._cached[slot_id]
+            n_logits = (len(tokens) if self.all_logits else 1) if last_logits else 0
+            self._starts.append(self._batch.n_tokens)
+            rows.append(self._batch.add(slot_id, tokens, len(cached), n_logits, embd=embd))
+            cached.extend(tokens)
+        return rows
 
     def close(self) -> None:
         self.target.tap = None
