@@ -44,8 +44,10 @@ from runner.runtime import staging
 from runner.speculation import eagle3_drafter, model_drafter, mtp_drafter, ngram_drafter  # noqa: F401  (register the built-in drafters)
 from runner.speculation.eagle3_drafter import is_eagle3_head
 from runner.speculation.fed_drafter import FedDrafter
+from runner.speculation.mtp_drafter import MTP_BY_DEFAULT
+from runner.speculation.target_rows import ROW_BYTES
 from runner.speculation.cost_model import ShapeCosts, StepCosts
-from runner.speculation.drafter import make_drafter
+from runner.speculation.drafter import Drafter, make_drafter
 from runner.speculation.model_drafter import check_same_vocab_header
 from runner.speculation.ngram_store import NgramStore
 from runner.speculation.speculator import PRIOR_ACCEPT, SpecMode, Speculator
@@ -197,6 +199,8 @@ class LoadedModel:
             return True
         if not n_mtp or opts.spec in ("off", "eagle3") or opts.draft or (ref and ref.entry.draft):
             return False
+        if self.info.architecture not in MTP_BY_DEFAULT:  # (no MTP graph here, or a recurrent state)
+            return False
         if staging.missing(staging.MTP_CALLS):
             log(f"{self.path.name} has MTP layers, but this llama.cpp lacks the calls to draft with them: "
                 "no MTP drafting")
@@ -205,81 +209,102 @@ class LoadedModel:
 
     def _speculator(self, store: ModelStore, ref: ModelRef | None, shape: ContextShape,
                     log: Callable[[str], None]) -> Speculator | None:
-        """The drafter named by --draft (or the catalog's pairing when --spec asks for one), or the
-        model's own MTP layers."""
+        """The drafter named by --draft (or the catalog's pairing when --spec asks for one), the
+        model's own MTP layers, or the EAGLE3 head its Hub repository publishes."""
         opts = self.options
+        forced = opts.spec in ("on", "mtp", "eagle3") or bool(opts.draft)  # (else a failure only means no drafting)
         draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
-        draft = "mtp" if self.uses_mtp else draft
-        if not draft and opts.spec in ("", "auto", "on", "eagle3"):  # a Hub model's published head, if any
-            head = store.eagle3_head_of(self.source)
-            if head is not None:
-                log(f"EAGLE3 head: {head.name} (from the model's Hub repository)")
-                draft = str(head)
+        draft = "mtp" if self.uses_mtp else draft or self._hub_head(store, log)
         if opts.spec == "eagle3" and not draft:
             raise OptionError("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF of "
                               "architecture eagle3)")
-        forced = opts.spec in ("on", "mtp", "eagle3")
-        mode = SpecMode.ON if forced else SpecMode(opts.spec or ("auto" if draft else "off"))
+        mode = SpecMode.ON if opts.spec in ("on", "mtp", "eagle3") else SpecMode(opts.spec or ("auto" if draft else "off"))
         if not draft or mode is SpecMode.OFF:
             return None
-        target_costs = None
-        if mode is SpecMode.AUTO:
-            target_costs = self._costs(store, self.path, self.runner.context, log)
-        draft_costs, prior = None, PRIOR_ACCEPT
         if self.model.keeps_recurrent_state:  # (whatever drafts: a rejected draft would stay in its state)
             why = (f"{self.path.name} ({self.info.architecture}) keeps a recurrent state, which runner cannot roll "
                    "back past a rejected draft (llama.cpp's n_rs_seq snapshots are not used yet)")
-            if opts.spec in ("on", "mtp", "eagle3") or opts.draft:
+            if forced:
                 raise ModelLoadError(f"--spec {opts.spec}: {why}" if opts.spec in ("on", "mtp", "eagle3")
                                      else f"--draft {opts.draft}: {why}")
             log(f"{why}: no speculative decoding")
             return None
-        if self.uses_mtp:
-            drafter = make_drafter("mtp", target=self.runner, shape=shape)
-            log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")
-            if target_costs:
-                draft_costs = self._costs(store, self.path, drafter.context, log, part="mtp")
-                prior = self._fed_agreement(store, self.path, drafter, log)
-        elif draft == "ngram":
-            store = NgramStore(opts.ngram_store_mb << 20) if opts.ngram_store_mb > 0 else None
-            drafter = make_drafter("ngram", store=store)
-            if store is not None:
-                log(f"n-gram store: {store.n_bytes / (1 << 20):.0f} MiB ({store.n_entries:,} n-grams), learned from "
-                    "every request's replies, shared by all slots, kept in this process only")
-        else:
-            draft_path, draft_ref = store.resolve(draft)
-            draft_info = read_gguf(draft_path)
-            is_head = is_eagle3_head(draft_info.architecture)
-            if opts.spec == "eagle3" and not is_head:
-                raise OptionError(f"--spec eagle3: {draft_path.name} is a {draft_info.architecture} model, "
-                                  "not an EAGLE3 head (GGUF architecture eagle3)")
-            if is_head:
-                staging.require(staging.EAGLE3_CALLS, "an EAGLE3 head")
-            check_same_vocab_header(self.info, draft_info)
-            draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
-                                         self.devices, reserved=self.offload.gpu_bytes)
-            both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
-            both.check()
-            kind = "EAGLE3 head" if is_head else "draft model"
-            log(f"{kind}: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
-            draft_model = Model(draft_path, draft_offload.n_gpu_layers, devices=self.layer_devices)
-            try:
-                if is_head:  # (the head reads the target's layer inputs: it drafts for this runner's context)
-                    drafter = make_drafter("eagle3", target=self.runner, model=draft_model, shape=shape)
-                else:
-                    drafter = make_drafter("draft-model", model=draft_model, target=self.model, shape=shape)
-            except BaseException:
-                draft_model.close()
+        target_costs = self._costs(store, self.path, self.runner.context, log) if mode is SpecMode.AUTO else None
+        try:
+            drafter, draft_path = self._drafter(store, draft, shape, log)
+        except (ModelLoadError, RuntimeError) as exc:
+            if forced or draft == "ngram":
                 raise
-            if target_costs:
-                draft_costs = self._costs(store, draft_path, drafter.context, log)
-                prior = (self._fed_agreement(store, draft_path, drafter, log) if is_head
+            log(f"no speculative decoding: {exc}")  # (a default drafter that cannot run here)
+            return None
+        try:
+            draft_costs, prior = None, PRIOR_ACCEPT
+            if target_costs and draft_path is not None:
+                draft_costs = self._costs(store, draft_path, drafter.context, log, part="mtp" if self.uses_mtp else "")
+                prior = (self._fed_agreement(store, draft_path, drafter, log) if isinstance(drafter, FedDrafter)
                          else self._agreement(store, draft_path, drafter.context, log))
-        costs = None
-        if target_costs:
-            costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches)
-        log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
-        return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
+            costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches) if target_costs else None
+            log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
+            return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
+        except BaseException:
+            drafter.close()
+            raise
+
+    def _hub_head(self, store: ModelStore, log: Callable[[str], None]) -> str:
+        """The EAGLE3 head a Hub model's repository publishes beside it (where this llama.cpp can run one)."""
+        if self.options.spec not in ("", "auto", "on", "eagle3"):
+            return ""
+        head = store.eagle3_head_of(self.source)
+        if head is None or (self.options.spec != "eagle3" and staging.missing(staging.EAGLE3_CALLS)):
+            return ""
+        log(f"EAGLE3 head: {head.name} (from the model's Hub repository)")
+        return str(head)
+
+    def _drafter(self, store: ModelStore, draft: str, shape: ContextShape,
+                 log: Callable[[str], None]) -> tuple[Drafter, Path | None]:
+        """The drafter, and the file whose costs and agreement auto measures (None: n-gram)."""
+        opts = self.options
+        if self.uses_mtp:
+            self._check_rows_fit(self.model.n_embd_out, "MTP")
+            log(f"MTP drafting: the model's own {self.model.n_layer_nextn} MTP layer(s), fed every decode's hidden rows")
+            return make_drafter("mtp", target=self.runner, shape=shape), self.path
+        if draft == "ngram":
+            ngrams = NgramStore(opts.ngram_store_mb << 20) if opts.ngram_store_mb > 0 else None
+            if ngrams is not None:
+                log(f"n-gram store: {ngrams.n_bytes / (1 << 20):.0f} MiB ({ngrams.n_entries:,} n-grams), learned from "
+                    "every request's replies, shared by all slots, kept in this process only")
+            return make_drafter("ngram", store=ngrams), None
+        draft_path, draft_ref = store.resolve(draft)
+        draft_info = read_gguf(draft_path)
+        is_head = is_eagle3_head(draft_info.architecture)
+        if opts.spec == "eagle3" and not is_head:
+            raise OptionError(f"--spec eagle3: {draft_path.name} is a {draft_info.architecture} model, "
+                              "not an EAGLE3 head (GGUF architecture eagle3)")
+        if is_head:
+            staging.require(staging.EAGLE3_CALLS, "an EAGLE3 head")
+            self._check_rows_fit(3 * self.model.n_embd, "EAGLE3")
+        check_same_vocab_header(self.info, draft_info)
+        draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
+                                     self.devices, reserved=self.offload.gpu_bytes)
+        both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
+        both.check()
+        kind = "EAGLE3 head" if is_head else "draft model"
+        log(f"{kind}: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")
+        draft_model = Model(draft_path, draft_offload.n_gpu_layers, devices=self.layer_devices)
+        try:
+            if is_head:  # (the head reads the target's layer inputs: it drafts for this runner's context)
+                return make_drafter("eagle3", target=self.runner, model=draft_model, shape=shape), draft_path
+            return make_drafter("draft-model", model=draft_model, target=self.model, shape=shape), draft_path
+        except BaseException:
+            draft_model.close()
+            raise
+
+    def _check_rows_fit(self, width: int, kind: str) -> None:
+        """The target rows an MTP or EAGLE3 drafter keeps (F16, a row per slot and position) are
+        planned with the rest."""
+        rows = ROW_BYTES * width * self.options.ctx_size * self.options.parallel
+        self.memory_plan = dataclasses.replace(self.memory_plan, weights_bytes=self.memory_plan.weights_bytes + rows)
+        self.memory_plan.check()
 
     def _costs(self, store: ModelStore, path: Path, context: Context, log: Callable[[str], None],
                part: str = "") -> ShapeCosts:

@@ -20,6 +20,13 @@ from runner.speculation.drafter import register_drafter
 from runner.speculation.fed_drafter import FedDrafter
 
 
+# targets whose graphs give their layers' inputs (llama.cpp's t_layer_inp): an EAGLE3 head can read no other
+TAPPED_ARCHITECTURES = frozenset({
+    "llama", "qwen3", "qwen3moe", "gpt-oss", "gemma4", "lfm2", "minimax-01", "minimax-m2", "muse-glimmer",
+    "nanbeige", "hunyuan_vl", "mimo2", "bailingmoe3", "deepseek4", "nemotron_h", "qwen35", "qwen35moe",
+    "qwen3next", "qwen4exp"})
+
+
 class Eagle3Drafter(FedDrafter):
     name = "eagle3"
     shift = 1
@@ -29,26 +36,29 @@ class Eagle3Drafter(FedDrafter):
         staging.require(staging.EAGLE3_CALLS, "EAGLE3 drafting")
         self.model = model
         layers = model.target_layer_ids()
-        n_layer = target.model.n_layer
-        if len(layers) != 3 or not all(0 <= lid <= n_layer for lid in layers):
+        n_layer, name = target.model.n_layer, target.model.path.name
+        if target.model.architecture not in TAPPED_ARCHITECTURES:
+            raise ModelLoadError(f"an EAGLE3 head cannot draft for {name}: llama.cpp gives no layer inputs of a "
+                                 f"{target.model.architecture} model")
+        if len(layers) != 3 or not all(0 <= lid < n_layer for lid in layers):
             raise ModelLoadError(f"the EAGLE3 head {model.path.name} reads layers {layers} of its target; "
-                                 f"{target.model.path.name} has {n_layer}: it is not this model's head")
+                                 f"{name} has {n_layer}: it is not this model's head")
+        width = int(model.meta("eagle3.target_hidden_size") or 0)
+        if width != target.model.n_embd:
+            raise ModelLoadError(f"the EAGLE3 head {model.path.name} reads rows {width} wide; {name}'s are "
+                                 f"{target.model.n_embd}: it is not this model's head")
         self.layers = layers
         self.target = target
         super().__init__(target, Context(model, shape, other=target.context), shape, 3 * target.model.n_embd,
                          model.n_embd)
 
     def taps(self, on: bool) -> None:
-        n_layer = self.target.model.n_layer
-        context = self.target.context
-        for lid in self.layers:  # (the layer after the last: the target's last hidden row)
-            context.capture_hidden(on=on) if lid == n_layer else context.capture_layer_input(lid, on=on)
+        for lid in self.layers:
+            self.target.context.capture_layer_input(lid, on=on)
         self.target.tap = self._tap if on else None
 
     def _tap(self, context: Context, n_tokens: int) -> np.ndarray:
-        n_layer = self.target.model.n_layer
-        return np.hstack([context.hidden(n_tokens) if lid == n_layer else context.layer_input(lid, n_tokens)
-                          for lid in self.layers])
+        return np.hstack([context.layer_input(lid, n_tokens) for lid in self.layers])
 
     def inputs(self, slot_id: int, i0: int, i1: int) -> np.ndarray:
         return self.context.encode(self.rows.get(slot_id, i0 - 1, i1 - 1))

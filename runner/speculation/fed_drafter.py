@@ -21,6 +21,7 @@ from runner.speculation.draft_samplers import DraftSamplers
 from runner.speculation.drafter import DraftJob
 from runner.speculation.target_rows import TargetRows
 
+CANNOT_CATCH_UP = 1 << 30  # a backlog no saving pays for: auto never drafts there
 AGREEMENT_TOKENS_MIN = 16  # fewer positions than this say too little to replace the generic prior
 
 
@@ -67,6 +68,15 @@ class FedDrafter:
         jobs = sorted((j for j in jobs if j.k > 0 and self._can_draft(j)), key=lambda j: j.slot_id)
         if not jobs:
             return
+        try:
+            self._draft(jobs)
+        except BaseException:  # (a failed decode: what these slots' draft KV holds is no longer known)
+            for job in jobs:
+                self.context.kv_remove(job.slot_id, 0, -1)
+                self._cached.pop(job.slot_id, None)
+            raise
+
+    def _draft(self, jobs: list[DraftJob]) -> None:
         logits, hidden = self._catch_up(jobs)
         positions = {j.slot_id: len(j.context_ids) - self.shift for j in jobs}  # where each next draft goes
         live = list(range(len(jobs)))
@@ -105,12 +115,17 @@ class FedDrafter:
         return n_common
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
+        """Tokens to feed before drafting; CANNOT_CATCH_UP where a row it needs was not kept."""
+        job = DraftJob(slot_id, context_ids, 1, None)  # type: ignore[arg-type]
+        if not self._can_draft(job):
+            return CANNOT_CATCH_UP
         return max(0, len(context_ids) - self.shift - self._n_common(slot_id, context_ids))
 
     def measure_agreement(self, token_ids: list[int]) -> float | None:
         """Share of the positions of a text (a fresh context's first sequence) where the drafter's
         most likely token is the target's: auto's first acceptance estimate, as for a draft model."""
-        n = min(len(token_ids), self._batch.n_tokens_max, self.context.shape.n_ubatch, self.target.context.shape.n_ubatch)
+        n = min(len(token_ids), self._batch.n_tokens_max, self.context.shape.n_ubatch, self.target.context.shape.n_ubatch,
+                self.target.context.shape.n_ctx_per_seq)
         if n < AGREEMENT_TOKENS_MIN or self.is_asleep:
             return None
         token_ids, target = token_ids[:n], self.target.context

@@ -16,6 +16,11 @@ from runner.speculation.drafter import register_drafter
 from runner.speculation.fed_drafter import FedDrafter
 
 
+# architectures whose MTP layers this llama.cpp runs and that keep no recurrent state: drafted with by
+# default (--spec mtp tries any file with nextn layers)
+MTP_BY_DEFAULT = frozenset({"deepseek2", "deepseek32", "glm4moe", "glm-dsa", "mimo2", "step35", "hy_v3", "cohere2moe"})
+
+
 class MtpDrafter(FedDrafter):
     name = "mtp"
 

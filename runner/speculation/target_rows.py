@@ -12,6 +12,7 @@ import numpy as np
 from runner.scheduler.batch import BatchPlan
 
 UNKNOWN = -1  # a position whose row was not kept
+ROW_BYTES = 2  # rows are kept as F16: half the memory, and a draft's inputs need no more
 FIRST_ROWS = 256  # a slot's rows start this long and double as its context grows
 
 
@@ -40,7 +41,7 @@ class TargetRows:
         held = self._rows.get(slot)
         if held is None or len(held) < end:
             grown = np.zeros((min(self.n_ctx_per_slot, max(FIRST_ROWS, end, 2 * (0 if held is None else len(held)))),
-                              self.width), dtype=np.float32)
+                              self.width), dtype=np.float16)
             if held is not None:
                 grown[: len(held)] = held
             held = self._rows[slot] = grown

@@ -162,7 +162,7 @@ def test_each_first_mtp_draft_is_what_a_fresh_pass_over_the_whole_context_gives(
             batch = Batch(128)
             batch.add(0, context_ids[:-1], 0, 0)
             target.decode(batch)
-            hidden = target.hidden(len(context_ids) - 1)
+            hidden = target.hidden(len(context_ids) - 1).astype(np.float16)  # (kept as F16 by the drafter)
             mtp_batch = Batch(128, model.n_embd_out)
             mtp_batch.add(0, context_ids, 0, 1, embd=np.vstack([np.zeros((1, model.n_embd_out)), hidden]))
             assert int(np.argmax(mtp.decode(mtp_batch)[0])) == first_draft
@@ -196,7 +196,7 @@ def test_each_first_eagle3_draft_is_what_a_fresh_pass_over_the_whole_context_giv
             batch = Batch(128)
             batch.add(0, context_ids[:-1], 0, 0)
             target.decode(batch)
-            fused = head.encode(np.hstack([target.layer_input(layer, n) for layer in (0, 1, 2)]))
+            fused = head.encode(np.hstack([target.layer_input(layer, n) for layer in (0, 1, 2)]).astype(np.float16))
             head_batch = Batch(128, head_model.n_embd)
             head_batch.add(0, context_ids[1:], 0, n, embd=fused)
             assert int(np.argmax(head.decode(head_batch)[-1])) == first_draft
@@ -276,6 +276,15 @@ def test_spec_eagle3_needs_a_head_for_this_target_and_says_so_in_one_line(
         load_tiny(tiny_gguf, 1, spec="eagle3", draft=str(elsewhere))
     assert str(refused.value) == ("the EAGLE3 head eagle3-deeper.gguf reads layers [0, 1, 7] of its target; "
                                   "tiny.gguf has 2: it is not this model's head")
+    wider = write_tiny_eagle3_gguf(tmp_path / "eagle3-wider.gguf", target_layers=(0, 1, 1), n_embd_target=96)
+    with pytest.raises(ModelLoadError) as refused:  # (a larger sibling's head: its fc reads wider rows)
+        load_tiny(tiny_gguf, 1, spec="eagle3", draft=str(wider))
+    assert str(refused.value) == ("the EAGLE3 head eagle3-wider.gguf reads rows 96 wide; tiny.gguf's are 64: "
+                                  "it is not this model's head")
+    with pytest.raises(ModelLoadError) as refused:  # (llama.cpp would abort the first decode)
+        load_tiny(models[("mtp", False)].target, 1, spec="eagle3", draft=models[("eagle3", False)].options["draft"])
+    assert str(refused.value) == ("an EAGLE3 head cannot draft for mtp-random.gguf: llama.cpp gives no layer "
+                                  "inputs of a glm4moe model")
 
 
 def test_without_the_staging_calls_spec_mtp_is_refused_in_one_line_and_auto_drafts_otherwise(
