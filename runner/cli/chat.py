@@ -16,7 +16,7 @@ from runner.prompt.chat_template import IMAGE_MARK, Message, image_mark
 
 HELP = (
     "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /image FILE (send an\n"
-    "image with your next message; a model with a projector, --mmproj)  /help\n"
+    "image with your next message; a model with a projector, --mmproj)  /audio FILE (a clip, where it hears)  /help\n"
     'multi-line input: a line with """, then your text, then """ again; Ctrl-C stops a reply, Ctrl-D exits'
 )
 MULTILINE = '"""'
@@ -117,8 +117,8 @@ def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **
         pass
     convo = Conversation(system)
     print(f"chatting with {runner.loaded.name}. /help for commands, Ctrl-D to exit.")
-    for image in images:  # --image: with the first message
-        print(attach_image(convo, runner, str(image)))
+    for image in images:  # --image, --audio: with the first message
+        print(attach_image(convo, runner, str(image), None))
     interrupts = 0
     while True:
         try:
@@ -150,8 +150,8 @@ def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **
             convo.system = arg.strip() or None
             print(f"(system prompt {'set' if convo.system else 'cleared'})")
             continue
-        if command == "/image":
-            print(attach_image(convo, runner, arg.strip()))
+        if command in ("/image", "/audio"):
+            print(attach_image(convo, runner, arg.strip(), command[1:]))
             continue
         if not text.strip():
             continue
@@ -171,13 +171,17 @@ def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **
             convo.drop_last_question()
 
 
-def attach_image(convo: Conversation, runner: Runner, path_text: str) -> str:
-    """/image FILE: what the user is told."""
-    if not runner.loaded.facts.takes_images:
+def attach_image(convo: Conversation, runner: Runner, path_text: str, kind: str | None = "image") -> str:
+    """/image FILE, /audio FILE (kind None: either): what the user is told."""
+    if kind is None and not (runner.loaded.facts.takes_images or runner.loaded.facts.takes_audio):
+        return f"({runner.loaded.name} takes no images or audio: start the chat with --mmproj FILE, a projector)"
+    if kind == "image" and not runner.loaded.facts.takes_images:
         return f"({runner.loaded.name} takes no images: start the chat with --mmproj FILE, a vision projector)"
+    if kind == "audio" and not runner.loaded.facts.takes_audio:
+        return f"({runner.loaded.name} takes no audio: start the chat with --mmproj FILE, an audio projector)"
     path = Path(path_text).expanduser()
     if not path_text or not path.is_file():
-        return f"(no such file: {path_text or '/image needs a FILE'})"
+        return f"(no such file: {path_text or '/' + (kind or 'image') + ' needs a FILE'})"
     convo.attached.append(path)
     return f"({path.name} goes with your next message)"
 

@@ -30,6 +30,8 @@ def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--image", action="append", default=[], type=Path, metavar="FILE",
                    help="an image to send with the prompt (repeatable; a model with a projector, --mmproj)")
+    p.add_argument("--audio", action="append", dest="image", type=Path, metavar="FILE",
+                   help="an audio clip (wav, mp3, flac) to send with the prompt (repeatable; a projector that hears)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json-schema", default=None, metavar="FILE|JSON",
                    help="the reply must be JSON following this schema (a file, or the schema itself; '{}': any object)")

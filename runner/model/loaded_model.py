@@ -180,11 +180,12 @@ class LoadedModel:
         p = self.projector
         return ("text",) + (("image",) if p and p.takes_images else ()) + (("audio",) if p and p.takes_audio else ())
 
-    def image_chunk(self, data: bytes) -> ImageChunk:
-        """An image as its prompt span, encoded on the caller's thread (the engine's steps go on
-        meanwhile); MediaError when the projector cannot read it."""
+    def image_chunk(self, data: bytes, kind: str | None = None) -> ImageChunk:
+        """An image (or an audio clip: `kind` 'audio', None for either) as its prompt span, encoded
+        on the caller's thread (the engine's steps go on meanwhile); MediaError when the projector
+        cannot read it or takes no such input."""
         assert self.projector is not None and self.runner.images is not None
-        return self.runner.images.ready(self.projector.chunk(data))
+        return self.runner.images.ready(self.projector.chunk(data, kind))
 
     def _wants_mtp(self, store: ModelStore, ref: ModelRef | None, log: Callable[[str], None]) -> bool:
         """Draft with the model's own MTP layers? With --spec mtp (refused with one line where the

@@ -39,6 +39,10 @@ class ModelFacts:
     def takes_images(self) -> bool:
         return "image" in self.inputs
 
+    @property
+    def takes_audio(self) -> bool:
+        return "audio" in self.inputs
+
     def token_bytes(self, token_id: int) -> bytes:
         return self._model.token_bytes(token_id)
 

@@ -104,9 +104,10 @@ class Runner:
 
     def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
                     **kwargs: Any) -> Iterator[StreamEvent]:
-        """`images`: the conversation's images in order (PNG, JPEG, ... bytes or files), each placed
-        where a message's content holds `image_mark(i)` (prompt.chat_template); the model needs a
-        projector (--mmproj). RunnerError: a model without one, a file or image it cannot read."""
+        """`images`: the conversation's images in order (PNG, JPEG, ... bytes or files; audio clips
+        too, WAV, MP3, FLAC, where the projector hears), each placed where a message's content holds
+        `image_mark(i)` (prompt.chat_template); the model needs a projector (--mmproj). RunnerError:
+        a model without one, a file or clip it cannot read or take."""
         kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
         if not images:
             return self.stream(self.request(self.loaded.chat_prompt_ids(_messages(messages)), **kwargs))
@@ -118,8 +119,9 @@ class Runner:
         return "".join(e.text for e in self.stream_chat(messages, images, **kwargs))
 
     def _image_chunks(self, images: Sequence[bytes | Path]) -> list[Any]:
-        """Each image as the model's span, encoded (LoadedModel.image_chunk)."""
-        if not self.loaded.facts.takes_images:
+        """Each image (or audio clip: wav, mp3, flac, told apart from the bytes) as the model's span,
+        encoded (LoadedModel.image_chunk)."""
+        if not (self.loaded.facts.takes_images or self.loaded.facts.takes_audio):
             raise RunnerError(f"{self.loaded.name} takes no images: give it a vision projector (--mmproj FILE)")
         chunks = []
         for image in images:

@@ -7,11 +7,14 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
+from pathlib import Path
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from runner.core.errors import OptionError, RunnerError
+from runner.runtime.gguf_file import read_gguf
 from runner.router import ollama
 from runner.router.keep_alive import parse_keep_alive
 from runner.router.metrics import labelled
@@ -93,13 +96,22 @@ def _api_error(exc: PoolError) -> ApiError:
 
 
 # -- the models --------------------------------------------------------------------------------
-def _has_projector(state: RouterState, model: ServableModel) -> bool:
-    if model.options.mmproj:
-        return True
+def _inputs(state: RouterState, model: ServableModel) -> list[str]:
+    """What the model's prompts may hold, told from its projector's header (an image where it cannot
+    be read: a catalog or Hub --mmproj not pulled yet)."""
     try:
-        return state.store is not None and state.store.projector_of(model.source) is not None
+        path = (Path(model.options.mmproj) if model.options.mmproj
+                else state.store.projector_of(model.source) if state.store is not None else None)
     except RunnerError:
-        return False
+        return ["text"]
+    if path is None:
+        return ["text"]
+    try:
+        meta = read_gguf(path).metadata
+    except (OSError, RunnerError):
+        return ["text", "image"]
+    return (["text"] + (["image"] if meta.get("clip.has_vision_encoder") else [])
+            + (["audio"] if meta.get("clip.has_audio_encoder") else []))
 
 
 async def v1_models(state: RouterState, request: Request) -> Response:
@@ -109,7 +121,7 @@ async def v1_models(state: RouterState, request: Request) -> Response:
              "status": {"value": s.state.value},
              # (told from its options or the projector its Hub repo brought: the loaded model's own
              # /v1/models asks libmtmd)
-             "inputs": ["text", "image"] if _has_projector(state, s.model) else ["text"]}
+             "inputs": _inputs(state, s.model)}
             for s in state.pool.statuses() for model_id in s.model.ids]
     return JSONResponse({"object": "list", "data": data})
 

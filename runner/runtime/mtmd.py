@@ -29,11 +29,17 @@ class MediaError(ValueError):
     """An input the projector cannot take (undecodable, not an image): the request's fault."""
 
 
+KINDS = {CHUNK_IMAGE: "image", CHUNK_AUDIO: "audio"}
+UNREADABLE = {"image": "the image could not be decoded (png, jpeg, gif, bmp and webp are read)",
+              "audio": "the audio could not be decoded (wav, mp3 and flac are read)",
+              None: "the file could not be decoded (images: png, jpeg, gif, bmp, webp; audio: wav, mp3, flac)"}
+
+
 @dataclass(frozen=True)
 class ImageChunk:
     """One image as the prompt holds it: tokens before, the span, tokens after."""
 
-    key: str  # the content's SHA-256 (libmtmd's id): equal images are equal spans
+    key: str  # the content's SHA-256 (libmtmd's id): equal images (or clips) are equal spans
     n_tokens: int  # positions the span takes in the KV (and in the prompt)
     n_pos: int  # how far positions advance (M-RoPE models: not the token count)
     before: tuple[int, ...]
@@ -41,6 +47,7 @@ class ImageChunk:
     handle: _ChunkHandle
     # encoded ahead (off the engine thread), else at decode
     embeddings: np.ndarray | None = field(default=None, compare=False, repr=False)
+    kind: str = "image"  # or "audio": a clip is a span as an image is
 
 
 class _ChunkHandle:
@@ -75,14 +82,22 @@ class Projector:
         self._lock = threading.Lock()  # one libmtmd call at a time (chunks are made on request threads)
         self.n_encodes = 0  # images run through the encoder (tests count them)
 
-    def chunk(self, data: bytes) -> ImageChunk:
-        """The image (png, jpeg, gif, bmp...) as a prompt span; MediaError if libmtmd cannot read it."""
+    def chunk(self, data: bytes, kind: str | None = None) -> ImageChunk:
+        """The image (png, jpeg, gif, bmp...) or audio clip (wav, mp3, flac) as a prompt span, told
+        apart by libmtmd from the bytes; MediaError if it cannot read it, if it is not `kind`, or if
+        this projector takes no such input."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with self._lock:
             bitmap = _mtmd.mtmd_helper_bitmap_init_from_buf(self._ptr, buf, len(data), False)
-            if not bitmap:
-                raise MediaError("the image could not be decoded (png, jpeg, gif, bmp and webp are read)")
+            if not bitmap:  # (said for what this projector takes, where the caller did not say)
+                takes = ("image",) * self.takes_images + ("audio",) * self.takes_audio
+                raise MediaError(UNREADABLE[kind or (takes[0] if len(takes) == 1 else None)])
             try:
+                found = "audio" if _mtmd.mtmd_bitmap_is_audio(bitmap) else "image"
+                if kind is not None and found != kind:
+                    raise MediaError(f"this is {'an image' if found == 'image' else 'audio'}, not {kind}")
+                if not (self.takes_audio if found == "audio" else self.takes_images):
+                    raise MediaError(f"this model's projector takes no {'images' if found == 'image' else 'audio'}")
                 return self._tokenize(bitmap)
             finally:
                 _mtmd.mtmd_bitmap_free(bitmap)
@@ -111,7 +126,8 @@ class Projector:
             key = (_mtmd.mtmd_input_chunk_get_id(media) or b"").decode()
             handle = _ChunkHandle(_mtmd.mtmd_input_chunk_copy(media))
             return ImageChunk(key, int(_mtmd.mtmd_input_chunk_get_n_tokens(media)),
-                              int(_mtmd.mtmd_input_chunk_get_n_pos(media)), tuple(before), tuple(after), handle)
+                              int(_mtmd.mtmd_input_chunk_get_n_pos(media)), tuple(before), tuple(after), handle,
+                              kind=KINDS.get(_mtmd.mtmd_input_chunk_get_type(media), "image"))
         finally:
             _mtmd.mtmd_input_chunks_free(chunks)
 

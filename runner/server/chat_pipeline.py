@@ -109,9 +109,13 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
     image the projector cannot read)."""
     if not images:
         return []
-    if not state.facts.takes_images:
-        raise invalid(f"{images[0].where}: this model takes no images (start it with --mmproj, or choose a "
-                      "vision model)", images[0].where, "model_takes_no_images")
+    for image in images:
+        if image.kind == "image" and not state.facts.takes_images:
+            raise invalid(f"{image.where}: this model takes no images (start it with --mmproj, or choose a "
+                          "vision model)", image.where, "model_takes_no_images")
+        if image.kind == "audio" and not state.facts.takes_audio:
+            raise invalid(f"{image.where}: this model takes no audio (start it with --mmproj FILE, an audio "
+                          "projector, or choose a model that hears)", image.where, "model_takes_no_audio")
     chunks = []
     for image in images:
         data = image.data
@@ -120,9 +124,9 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
                 refuse_remote(image)
             data = await run_in_threadpool(fetch, image)
         try:
-            chunks.append(await run_in_threadpool(state.loaded.image_chunk, data))
+            chunks.append(await run_in_threadpool(state.loaded.image_chunk, data, image.kind))
         except ValueError as exc:  # (runtime.mtmd.MediaError)
-            raise invalid(f"{image.where}: {exc}", image.where, "invalid_image") from None
+            raise invalid(f"{image.where}: {exc}", image.where, f"invalid_{image.kind}") from None
         except RuntimeError as exc:  # the projector failed to encode it: the server's fault, said as it is
             raise ApiError(500, f"{image.where}: {exc}", "server_error", code="image_encode_failed") from None
     return chunks

@@ -27,11 +27,15 @@ REMOTE_TIMEOUT_S = 10.0  # --allow-remote-media: a fetch's connect and each read
 REMOTE_MAX_BYTES = 20 * 10**6  # ... and its size
 
 
+AUDIO_FORMATS = ("wav", "mp3", "flac")  # what libmtmd decodes
+
+
 @dataclass(frozen=True)
 class ImageInput:
     data: bytes
     where: str  # the request part it came from (for errors): messages[0].content[1]
     url: str = ""  # an http(s) image, fetched only where the server allows it (data is then empty)
+    kind: str = "image"  # or "audio" (OpenAI's input_audio parts): a span in the prompt as an image is
 
 
 class ImageParts:
@@ -70,10 +74,27 @@ class ImageParts:
         self.images.append(ImageInput(data, where))
         return image_mark(len(self.images) - 1)
 
+    def add_audio(self, part: object, where: str) -> str:
+        """An OpenAI input_audio part ({data: base64, format: wav|mp3|flac}) as a content mark."""
+        if not isinstance(part, dict):
+            raise invalid(f"{where}: input_audio is an object {{data, format}}", where, "invalid_type")
+        if part.get("format") not in AUDIO_FORMATS:
+            raise invalid(f"{where}: the audio's format must be one of {', '.join(AUDIO_FORMATS)}", where)
+        payload = part.get("data")
+        if not isinstance(payload, str):
+            raise invalid(f"{where}: the audio data must be a base64 string", where, "invalid_type")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid(f"{where}: the audio data is not valid base64", where) from None
+        self._count(where)
+        self.images.append(ImageInput(data, where, kind="audio"))
+        return image_mark(len(self.images) - 1)
+
 
     def _count(self, where: str) -> None:
         if len(self.images) >= MAX_IMAGES:
-            raise invalid(f"{where}: a request may hold at most {MAX_IMAGES} images", where, "too_many_images")
+            raise invalid(f"{where}: a request may hold at most {MAX_IMAGES} images and clips", where, "too_many_images")
 
 
 def refuse_remote(image: ImageInput) -> None:

@@ -216,11 +216,11 @@ def _content(value: Any, index: int, role: str, images: ImageParts) -> str:
                 url = part.get("image_url")
                 texts.append(images.add_url(url.get("url") if isinstance(url, dict) else url, where))
             elif kind == "input_audio":
-                raise invalid(f"{where}: audio input is not taken here (text and images are)", where,
-                              "unsupported_content")
+                texts.append(images.add_audio(part.get("input_audio"), where))
             else:
-                raise invalid(f"{where}: a content part is text ({{type: text, text}}) or an image "
-                              "({type: image_url, image_url: {url}})", where)
+                raise invalid(f"{where}: a content part is text ({{type: text, text}}), an image "
+                              "({type: image_url, image_url: {url}}) or audio ({type: input_audio, "
+                              "input_audio: {data, format}})", where)
         return "".join(texts)
     raise invalid(f"messages[{index}].content must be a string", f"messages[{index}].content", "invalid_type")
 

@@ -8,7 +8,7 @@ from runner.catalog.catalog import Catalog
 from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions
 from runner.core.errors import OptionError
-from runner.router.servable import ggufs_in, read_models_config, servable_models
+from runner.router.servable import ServableModel, ggufs_in, read_models_config, servable_models
 
 CATALOG = Catalog.load("""
 default = "small"
@@ -80,3 +80,21 @@ def test_a_bad_config_is_one_line_naming_what_is_wrong(store: ModelStore, tmp_pa
     with pytest.raises(OptionError, match=None) as refused:
         servable_models(["small", "big"], EngineOptions(), store, config=read_models_config(config))
     assert message in str(refused.value)
+
+
+def test_v1_models_tells_a_models_inputs_from_its_projectors_header(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from runner.router.routes import _inputs
+    from tiny_audio_mmproj import write_tiny_audio_mmproj
+    from tiny_mmproj import write_tiny_mmproj
+
+    state = SimpleNamespace(store=None)
+    sees, hears = write_tiny_mmproj(tmp_path / "mmproj-v.gguf"), write_tiny_audio_mmproj(tmp_path / "mmproj-a.gguf")
+
+    def inputs(mmproj: str) -> list[str]:
+        return _inputs(state, ServableModel("m", "m.gguf", EngineOptions(mmproj=mmproj)))  # type: ignore[arg-type]
+
+    assert inputs("") == ["text"]
+    assert inputs(str(sees)) == ["text", "image"]
+    assert inputs(str(hears)) == ["text", "audio"]

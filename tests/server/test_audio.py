@@ -1,0 +1,101 @@
+"""Audio in prompts: a tiny text model with a tiny whisper-style audio projector (tests/tiny_audio_mmproj.py:
+every clip is 50 positions), OpenAI's input_audio parts, the CLI's --audio and the Python API, and
+every bad input's 400."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines import in_process_server, load_tiny
+from runner import Runner
+from runner.prompt.chat_template import image_mark
+from tiny_audio_mmproj import wav_bytes, write_tiny_audio_mmproj
+from tiny_mmproj import png_bytes, write_tiny_mmproj
+
+N_AUDIO_TOKENS = 50
+WAV = wav_bytes(1.0, 440.0)
+
+
+def audio_part(data: bytes = WAV, fmt: str = "wav") -> dict[str, Any]:
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}
+
+
+def post(client: Any, parts: list[dict[str, Any]]) -> Any:
+    return client.post("/v1/chat/completions", json={
+        "model": "tiny", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, *parts]}]})
+
+
+@pytest.fixture(scope="module")
+def audio_mmproj(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_audio_mmproj(tmp_path_factory.mktemp("audio") / "mmproj-audio.gguf")
+
+
+@pytest.fixture
+def hearing(tiny_gguf: Path, audio_mmproj: Path) -> Iterator[Any]:
+    loaded = load_tiny(tiny_gguf, 2, mmproj=str(audio_mmproj), ctx_size=512)
+    with in_process_server(loaded) as client:
+        yield client
+
+
+def test_a_clip_is_a_span_of_the_prompt_and_changes_the_greedy_reply(hearing: Any) -> None:
+    with_audio, again = post(hearing, [audio_part()]), post(hearing, [audio_part()])
+    other = post(hearing, [audio_part(wav_bytes(1.0, 880.0))])
+    without = post(hearing, [])
+    assert with_audio.status_code == again.status_code == other.status_code == without.status_code == 200
+    reply = with_audio.json()["choices"][0]["message"]["content"]
+    assert again.json()["choices"][0]["message"]["content"] == reply
+    assert without.json()["choices"][0]["message"]["content"] != reply
+    assert other.json()["choices"][0]["message"]["content"] != reply  # (another tone: other embeddings)
+    assert with_audio.json()["usage"]["prompt_tokens"] == without.json()["usage"]["prompt_tokens"] + N_AUDIO_TOKENS
+    assert hearing.get("/v1/models").json()["data"][0]["inputs"] == ["text", "audio"]
+
+
+def test_bad_audio_is_a_400_naming_the_part(hearing: Any) -> None:
+    cases = {
+        "undecodable": (audio_part(b"RIFF\x00\x00\x00\x00WAVEnot really"), "invalid_audio",
+                        "messages[0].content[1]: the audio could not be decoded (wav, mp3 and flac are read)"),
+        "an image": (audio_part(png_bytes(40, 30)), "invalid_audio", "messages[0].content[1]: this is an image, not audio"),
+        "format": (audio_part(fmt="ogg"), None, "messages[0].content[1]: the audio's format must be one of wav, mp3, flac"),
+        "base64": ({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}, None,
+                   "messages[0].content[1]: the audio data is not valid base64"),
+        "an image to a model that only hears": (
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png_bytes(40, 30)).decode()}},
+            "model_takes_no_images", None),
+    }
+    for name, (part, code, message) in cases.items():
+        r = post(hearing, [part])
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "messages[0].content[1]", (name, r.text)
+        assert code is None or error["code"] == code, (name, error)
+        assert message is None or error["message"] == message, (name, error)
+    assert post(hearing, []).status_code == 200  # (no slot stuck)
+
+
+def test_audio_to_a_model_that_only_sees_is_a_400(tiny_gguf: Path, tmp_path: Path) -> None:
+    loaded = load_tiny(tiny_gguf, 1, mmproj=str(write_tiny_mmproj(tmp_path / "mmproj.gguf")))
+    with in_process_server(loaded) as client:
+        r = post(client, [audio_part()])
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_takes_no_audio"
+    assert r.json()["error"]["message"].startswith("messages[0].content[1]: this model takes no audio")
+
+
+def test_the_cli_and_the_python_api_send_a_clip(tiny_gguf: Path, audio_mmproj: Path, tmp_path: Path) -> None:
+    clip = tmp_path / "tone.wav"
+    clip.write_bytes(WAV)
+    out = subprocess.run([sys.executable, "-m", "runner", "run", str(tiny_gguf), "-p", "what is this?", "--audio",
+                          str(clip), "--mmproj", str(audio_mmproj), "--ctx-size", "512", "--temperature", "0",
+                          "--max-tokens", "8", "-q"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with Runner(tiny_gguf, mmproj=str(audio_mmproj), ctx_size=512, log=lambda _: None) as api:
+        expected = api.chat([{"role": "user", "content": image_mark(0) + "what is this?"}], images=[clip],
+                            temperature=0.0, max_tokens=8)
+        plain = api.chat([{"role": "user", "content": "what is this?"}], temperature=0.0, max_tokens=8)
+    assert out.stdout == expected + "\n" and expected != plain
