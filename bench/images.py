@@ -40,19 +40,21 @@ from runner.scheduler.request import GenerationRequest, StreamEvent  # noqa: E40
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def run_until_first_token(loaded: LoadedModel, request: GenerationRequest) -> float:
-    """Seconds from submit to the first token, then to the end."""
+def run_until_first_token(loaded: LoadedModel, request: GenerationRequest) -> tuple[float, str]:
+    """Seconds from submit to the first token (then it runs to the end), and the reply."""
     first: list[float] = []
+    text: list[str] = []
     started = time.perf_counter()
 
     def sink(event: StreamEvent) -> None:
         if event.token_ids and not first:
             first.append(time.perf_counter() - started)
+        text.append(event.text)
 
     loaded.engine.submit(request, sink)
     while loaded.engine.has_work:
         loaded.engine.step()
-    return first[0]
+    return first[0], "".join(text)
 
 
 def turns(loaded: LoadedModel, image: bytes, n: int) -> list[tuple[float, float, float]]:
@@ -62,21 +64,22 @@ def turns(loaded: LoadedModel, image: bytes, n: int) -> list[tuple[float, float,
     for i in range(n):
         data = image + bytes([i])  # (trailing bytes change the content hash, not the picture)
         first = [Message("user", f"Describe this picture. {image_mark(0)}")]
-        second = first + [Message("assistant", "A picture."), Message("user", "What colour is it?")]
 
-        def ttft(name: str, messages: list[Message]) -> float:
+        def ttft(name: str, messages: list[Message]) -> tuple[float, str]:
             started = time.perf_counter()
             ids, spans = loaded.chat_prompt(messages, None, [loaded.image_chunk(data)])
             prepared = time.perf_counter() - started
-            return prepared + run_until_first_token(loaded, GenerationRequest(name, ids, GREEDY, max_tokens=4,
-                                                                                media=spans))
+            seconds, reply = run_until_first_token(loaded, GenerationRequest(name, ids, GREEDY, max_tokens=4,
+                                                                             media=spans))
+            return prepared + seconds, reply
 
-        cold = ttft(f"a{i}", first)
-        warm = ttft(f"b{i}", second)
+        cold, reply = ttft(f"a{i}", first)
+        # the next turn as a chat client sends it: the model's own reply, then the new question
+        warm, _ = ttft(f"b{i}", first + [Message("assistant", reply), Message("user", "What colour is it?")])
         loaded.runner.context.kv_clear()
         for slot in loaded.engine.scheduler.pool.slots:
             slot.truncate(0)
-        cached = ttft(f"c{i}", first)
+        cached, _ = ttft(f"c{i}", first)
         out.append((cold, warm, cached))
     return out
 

@@ -169,10 +169,6 @@ class LoadedModel:
         projector = Projector(self.mmproj_path, self.model, self.options.threads,
                               use_gpu=self.offload.n_gpu_layers != 0 and any(  # (never an RPC worker)
                                   not d.name.startswith("RPC") for d in self.offload.devices))
-        if projector.uses_mrope:
-            projector.close()
-            raise ModelLoadError(f"{self.mmproj_path.name} places image positions with M-RoPE (the Qwen2-VL "
-                                 "family), which runner does not do yet")
         self.runner.images = ImageDecoder(projector, self.options.media_cache_mb * 2**20)
         return projector
 

@@ -22,9 +22,10 @@ class ImageDecoder:
         """The image with its embeddings (kept by content for the next request that sends it)."""
         return dataclasses.replace(image, embeddings=self._embeddings(image))
 
-    def decode(self, context: Context, image: ImageChunk, seq_id: int, first_pos: int) -> None:
+    def decode(self, context: Context, image: ImageChunk, seq_id: int, first_pos: int) -> int:
+        """Returns the position after the span (M-RoPE: first_pos + the chunk's n_pos, not its tokens)."""
         embeddings = image.embeddings if image.embeddings is not None else self._embeddings(image)
-        self.projector.decode(context, image, embeddings, seq_id, first_pos)
+        return self.projector.decode(context, image, embeddings, seq_id, first_pos)
 
     def _embeddings(self, image: ImageChunk) -> np.ndarray:
         embeddings = self.cache.get(image.key)

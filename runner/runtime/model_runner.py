@@ -60,6 +60,11 @@ class ModelRunner:
         self.tap: Callable[[Context, int], np.ndarray] | None = None
         self.tapped = np.empty((0, 0), dtype=np.float32)
         self.tapped_starts: list[int] = []
+        # M-RoPE models (Qwen2-VL's family): an image span advances positions by its n_pos, not its
+        # tokens, so past it a token's KV position is its index less what the spans saved. Per
+        # sequence: (index where a span ends, positions saved by the spans up to there), in order.
+        # Callers speak token indices; only this class turns them into positions.
+        self._saved: dict[int, list[tuple[int, int]]] = {}
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -75,9 +80,10 @@ class ModelRunner:
         starts, firsts, junk_rows = [], [], []
         for i, row in enumerate(in_slot_order):
             starts.append(batch.n_tokens)
-            firsts.append(batch.add(row.seq_id, row.token_ids, row.first_pos, row.n_logits))
+            first_pos = self._pos(row.seq_id, row.first_pos)
+            firsts.append(batch.add(row.seq_id, row.token_ids, first_pos, row.n_logits))
             if padding and padding.junk[i]:
-                first_junk = row.first_pos + len(row.token_ids)
+                first_junk = first_pos + len(row.token_ids)
                 batch.add(row.seq_id, [row.token_ids[-1]] * padding.junk[i], first_junk, 0)
                 self.n_padding_tokens += padding.junk[i]
                 junk_rows.append((row.seq_id, first_junk))
@@ -96,8 +102,10 @@ class ModelRunner:
             self.tapped_starts = [0] * len(rows)
             for i, start in zip(order, starts):
                 self.tapped_starts[i] = start
-        for seq_id, first_junk in junk_rows:
-            self.kv_remove(seq_id, first_junk, -1)
+        for seq_id, first_junk in junk_rows:  # (positions, past every span of the row's sequence)
+            if self._trace:
+                self._record(["kv_remove", [seq_id, first_junk, -1]])
+            self.context.kv_remove(seq_id, first_junk, -1)
         out: list[np.ndarray] = [logits[:0]] * len(rows)
         for i, row, first in zip(order, in_slot_order, firsts):
             if row.n_logits:
@@ -131,18 +139,42 @@ class ModelRunner:
         """An image span into a sequence's KV (its own decode: embeddings cannot share a token batch)."""
         if self.images is None:
             raise RuntimeError("this model has no projector: it cannot take images")
-        self.images.decode(self.context, item, seq_id, first_pos)  # type: ignore[arg-type]
+        end = first_pos + item.n_tokens  # type: ignore[attr-defined]
+        end_pos = self.images.decode(self.context, item, seq_id, self._pos(seq_id, first_pos))  # type: ignore[arg-type]
+        saved = end - end_pos
+        if saved:
+            spans = self._saved.setdefault(seq_id, [])
+            del spans[next((i for i, (at, _) in enumerate(spans) if at > first_pos), len(spans)):]
+            spans.append((end, saved))
+
+    def _pos(self, seq_id: int, index: int) -> int:
+        """The KV position of a sequence's token index (the index itself but past an M-RoPE span)."""
+        spans = self._saved.get(seq_id)
+        if not spans:
+            return index
+        saved = 0
+        for at, total in spans:
+            if at > index:
+                break
+            saved = total
+        return index - saved
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        """Remove token indices [p0, p1) of a sequence (p1 < 0: to the end)."""
         if self._trace:
             self._record(["kv_remove", [seq_id, p0, p1]])
-        return self.context.kv_remove(seq_id, p0, p1)
+        removed = self.context.kv_remove(seq_id, self._pos(seq_id, p0), self._pos(seq_id, p1) if p1 >= 0 else -1)
+        spans = self._saved.get(seq_id)
+        if removed and spans and p1 < 0:  # (the spans that ended past p0 are gone)
+            self._saved[seq_id] = [(at, saved) for at, saved in spans if at <= p0]
+        return removed
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
         """Make dst's KV a copy of src's (one stream per slot: llama.cpp copies whole streams)."""
         if self._trace:
             self._record(["kv_copy_all", [src_seq, dst_seq]])
         self.context.kv_copy(src_seq, dst_seq, -1, -1)
+        self._saved[dst_seq] = list(self._saved.get(src_seq, []))
 
     def _record(self, op: list) -> None:
         """Keep one op; they reach the file (a JSON line each) at least every TRACE_FLUSH_S.
