@@ -80,8 +80,10 @@ class ModelStore:
             paths = [self.path_of(ref)]
             if not paths[0].exists():
                 raise CatalogError(f"'{ref.name}' is not in the cache ({self.root})")
-        if hub_ref is not None:  # (a vision model's projector, its EAGLE3 head: they go with it)
-            paths += [p for p in (self.projector_of(name), self.eagle3_head_of(name)) if p is not None]
+        if hub_ref is not None:  # a vision model's projector, its EAGLE3 head: they go with the repo's last model
+            companions = [p for p in (self.projector_of(name), self.eagle3_head_of(name)) if p is not None]
+            others = [f for f in paths[0].parent.glob("*.gguf") if f not in paths and not hub.is_companion(f.name)]
+            paths += companions if not others else []
         for path in paths:
             path.unlink()
         return paths

@@ -355,17 +355,19 @@ def test_a_model_from_the_hub_comes_with_the_eagle3_head_its_repo_publishes(
 
     target = write_tiny_gguf(tmp_path / "t.gguf", n_layer=3).read_bytes()
     head = write_tiny_eagle3_gguf(tmp_path / "h.gguf").read_bytes()
-    fake_hub.repos["org/llm3-GGUF"] = FakeRepo({MAIN: {"llm3-Q8_0.gguf": target, "eagle3-llm3-F16.gguf": head}},
-                                               {"main": MAIN})
-    assert main(["pull", "hf.co/org/llm3-GGUF"]) == 0
+    fake_hub.repos["org/llm3-GGUF"] = FakeRepo({MAIN: {"llm3-Q8_0.gguf": target, "llm3-Q4_0.gguf": target,
+                                                       "eagle3-llm3-F16.gguf": head}}, {"main": MAIN})
+    assert main(["pull", "hf.co/org/llm3-GGUF:Q8_0"]) == 0
     store = ModelStore()
-    assert store.eagle3_head_of("hf.co/org/llm3-GGUF").name == "eagle3-llm3-F16.gguf"
+    assert store.eagle3_head_of("hf.co/org/llm3-GGUF:Q8_0").name == "eagle3-llm3-F16.gguf"
     assert [c.name for c in store.cached()] == ["hf.co/org/llm3-GGUF/llm3-Q8_0.gguf"]  # a head is no model
-    loaded = load_tiny("hf.co/org/llm3-GGUF", spec="eagle3")  # type: ignore[arg-type]
+    loaded = load_tiny("hf.co/org/llm3-GGUF:Q8_0", spec="eagle3")  # type: ignore[arg-type]
     try:
         assert loaded.speculator.drafter.name == "eagle3"
-        assert loaded.speculator.drafter.model.path == store.eagle3_head_of("hf.co/org/llm3-GGUF")
+        assert loaded.speculator.drafter.model.path == store.eagle3_head_of("hf.co/org/llm3-GGUF:Q8_0")
     finally:
         loaded.close()
-    removed = store.remove("hf.co/org/llm3-GGUF")
-    assert sorted(p.name for p in removed) == ["eagle3-llm3-F16.gguf", "llm3-Q8_0.gguf"]
+    assert main(["pull", "hf.co/org/llm3-GGUF:Q4_0"]) == 0
+    assert [p.name for p in store.remove("hf.co/org/llm3-GGUF:Q8_0")] == ["llm3-Q8_0.gguf"]  # the head serves Q4_0 too
+    removed = store.remove("hf.co/org/llm3-GGUF:Q4_0")
+    assert sorted(p.name for p in removed) == ["eagle3-llm3-F16.gguf", "llm3-Q4_0.gguf"]
