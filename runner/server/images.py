@@ -60,13 +60,7 @@ class ImageParts:
         return self.add_base64(url, where)
 
     def add_base64(self, payload: object, where: str) -> str:
-        if not isinstance(payload, str):
-            raise invalid(f"{where}: the image data must be a base64 string", where, "invalid_type")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise invalid(f"{where}: the image data is not valid base64", where) from None
-        return self.add(data, where)
+        return self.add(_decoded(payload, where, "image"), where)
 
     def add(self, data: bytes, where: str) -> str:
         self._count(where)
@@ -80,13 +74,7 @@ class ImageParts:
             raise invalid(f"{where}: input_audio is an object {{data, format}}", where, "invalid_type")
         if part.get("format") not in AUDIO_FORMATS:
             raise invalid(f"{where}: the audio's format must be one of {', '.join(AUDIO_FORMATS)}", where)
-        payload = part.get("data")
-        if not isinstance(payload, str):
-            raise invalid(f"{where}: the audio data must be a base64 string", where, "invalid_type")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise invalid(f"{where}: the audio data is not valid base64", where) from None
+        data = _decoded(part.get("data"), where, "audio")
         self._count(where)
         self.images.append(ImageInput(data, where, kind="audio"))
         return image_mark(len(self.images) - 1)
@@ -95,6 +83,16 @@ class ImageParts:
     def _count(self, where: str) -> None:
         if len(self.images) >= MAX_IMAGES:
             raise invalid(f"{where}: a request may hold at most {MAX_IMAGES} images and clips", where, "too_many_images")
+
+
+def _decoded(payload: object, where: str, kind: str) -> bytes:
+    """A part's base64 data; a 400 naming the part when it is not a base64 string."""
+    if not isinstance(payload, str):
+        raise invalid(f"{where}: the {kind} data must be a base64 string", where, "invalid_type")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{where}: the {kind} data is not valid base64", where) from None
 
 
 def refuse_remote(image: ImageInput) -> None:

@@ -88,6 +88,22 @@ def chi2_critical(df: int, z: float = 2.326) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def assert_same_distribution(a: Counter, b: Counter) -> None:
+    """Two equal-sized samples of outcomes pass a chi-square test of one distribution (outcomes seen
+    fewer than 10 times pooled), at the 1% level."""
+    cats = [c for c in set(a) | set(b) if a[c] + b[c] >= 10]
+    rest = ("rest",)
+    ca = {c: a[c] for c in cats} | {rest: sum(v for k, v in a.items() if k not in cats)}
+    cb = {c: b[c] for c in cats} | {rest: sum(v for k, v in b.items() if k not in cats)}
+    chi2 = 0.0
+    for c in ca:
+        total = ca[c] + cb[c]
+        if total:
+            for obs in (ca[c], cb[c]):
+                chi2 += (obs - total / 2) ** 2 / (total / 2)
+    assert chi2 < chi2_critical(len(ca) - 1), (a.most_common(8), b.most_common(8))
+
+
 def test_sampled_output_distribution_matches_plain_sampling(tiny_gguf: Path, near_draft: Path) -> None:
     params = dict(temperature=2.5, top_k=4, top_p=1.0, min_p=0.0)  # flat enough that drafts get rejected
     n_seeds = 600
@@ -111,17 +127,7 @@ def test_sampled_output_distribution_matches_plain_sampling(tiny_gguf: Path, nea
     finally:
         plain_loaded.close()
         spec_loaded.close()
-    cats = [c for c in set(a) | set(b) if a[c] + b[c] >= 10]
-    rest = ("rest",)
-    ca = {c: a[c] for c in cats} | {rest: sum(v for k, v in a.items() if k not in cats)}
-    cb = {c: b[c] for c in cats} | {rest: sum(v for k, v in b.items() if k not in cats)}
-    chi2 = 0.0
-    for c in ca:
-        total = ca[c] + cb[c]
-        if total:
-            for obs in (ca[c], cb[c]):
-                chi2 += (obs - total / 2) ** 2 / (total / 2)
-    assert chi2 < chi2_critical(len(ca) - 1), (a.most_common(8), b.most_common(8))
+    assert_same_distribution(a, b)
 
 
 def test_kv_after_many_accept_reject_cycles_equals_a_fresh_prefill(tiny_gguf: Path, other_draft: Path) -> None:
