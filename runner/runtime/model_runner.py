@@ -61,10 +61,11 @@ class ModelRunner:
         self.tapped = np.empty((0, 0), dtype=np.float32)
         self.tapped_starts: list[int] = []
         # M-RoPE models (Qwen2-VL's family): an image span advances positions by its n_pos, not its
-        # tokens, so past it a token's KV position is its index less what the spans saved. Per
-        # sequence: (index where a span ends, positions saved by the spans up to there), in order.
-        # Callers speak token indices; only this class turns them into positions.
-        self._saved: dict[int, list[tuple[int, int]]] = {}
+        # tokens, so past it a token's KV position is its index less what the spans saved (and every
+        # cell of such a span sits at its first position). Per sequence: (index where a span starts,
+        # where it ends, positions saved by the spans up to its end), in order. Callers speak token
+        # indices; only this class turns them into positions.
+        self._saved: dict[int, list[tuple[int, int, int]]] = {}
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -144,8 +145,8 @@ class ModelRunner:
         saved = end - end_pos
         if saved:
             spans = self._saved.setdefault(seq_id, [])
-            del spans[next((i for i, (at, _) in enumerate(spans) if at > first_pos), len(spans)):]
-            spans.append((end, saved))
+            del spans[next((i for i, (_, at, _) in enumerate(spans) if at > first_pos), len(spans)):]
+            spans.append((first_pos, end, saved))
 
     def _pos(self, seq_id: int, index: int) -> int:
         """The KV position of a sequence's token index (the index itself but past an M-RoPE span)."""
@@ -153,9 +154,9 @@ class ModelRunner:
         if not spans:
             return index
         saved = 0
-        for at, total in spans:
-            if at > index:
-                break
+        for start, end, total in spans:
+            if end > index:
+                return start - saved if start <= index else index - saved  # (inside a span: its first position)
             saved = total
         return index - saved
 
@@ -166,7 +167,7 @@ class ModelRunner:
         removed = self.context.kv_remove(seq_id, self._pos(seq_id, p0), self._pos(seq_id, p1) if p1 >= 0 else -1)
         spans = self._saved.get(seq_id)
         if removed and spans and p1 < 0:  # (the spans that ended past p0 are gone)
-            self._saved[seq_id] = [(at, saved) for at, saved in spans if at <= p0]
+            self._saved[seq_id] = [span for span in spans if span[1] <= p0]
         return removed
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:

@@ -76,6 +76,10 @@ def test_text_after_an_image_continues_at_its_position_plus_n_pos(files: tuple[P
         (again,) = submit_all(loaded.engine, [request(loaded, "what is this?", request_id="again")])
         assert token_ids(again) == expected  # the image's KV reused, positions as before
         assert again[-1].usage.cached_tokens >= span.end
+        runner = loaded.runner  # removing from inside the span takes all of it (its cells sit at its start)
+        slot = next(s for s in loaded.engine.scheduler.pool.slots if s.n_cached)
+        assert runner.kv_remove(slot.id, span.start + 3)
+        assert runner.context.kv_pos_max(slot.id) == span.start - 1 and runner._saved.get(slot.id) == []
     finally:
         loaded.close()
 
