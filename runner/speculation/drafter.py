@@ -43,6 +43,19 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
+def n_common(cached: list[int], context_ids: list[int], limit: int, offset: int = 0) -> int:
+    """How many leading tokens of `cached` equal context_ids[offset:] (at most `limit`): what a
+    drafter's KV already holds of a slot's context. A whole match is one list comparison (the
+    steady state, step after step); only a divergence is walked token by token."""
+    limit = min(limit, len(cached))
+    if limit <= 0 or cached[:limit] == context_ids[offset : offset + limit]:
+        return max(limit, 0)
+    n = 0
+    while cached[n] == context_ids[n + offset]:
+        n += 1
+    return n
+
+
 DrafterFactory = Callable[..., Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
 

@@ -18,7 +18,7 @@ from runner.runtime.llama import Batch, Context, ContextShape
 from runner.runtime.model_runner import ModelRunner
 from runner.scheduler.batch import BatchPlan
 from runner.speculation.draft_samplers import DraftSamplers
-from runner.speculation.drafter import DraftJob
+from runner.speculation.drafter import DraftJob, n_common
 from runner.speculation.target_rows import TargetRows
 
 CANNOT_CATCH_UP = 1 << 30  # a backlog no saving pays for: auto never drafts there
@@ -43,7 +43,6 @@ class FedDrafter:
         self._cached: dict[int, list[int]] = {}  # per slot: context tokens in the draft KV, fed with the target's rows
         self._samplers = DraftSamplers()
         self._chained: set[int] = set()  # slots whose draft KV holds draft positions until after_step
-        self._starts: list[int] = []
         self.is_asleep = False
         self.taps(True)
 
@@ -65,7 +64,8 @@ class FedDrafter:
         self._chained.clear()
 
     def propose(self, jobs: list[DraftJob]) -> None:
-        jobs = sorted((j for j in jobs if j.k > 0 and self._can_draft(j)), key=lambda j: j.slot_id)
+        jobs = sorted((j for j in jobs if j.k > 0 and self._can_draft(j.slot_id, j.context_ids)),
+                      key=lambda j: j.slot_id)
         if not jobs:
             return
         try:
@@ -98,26 +98,20 @@ class FedDrafter:
             logits = self.context.decode(self._batch)
             hidden = self.context.hidden(self._batch.n_tokens)
 
-    def _can_draft(self, job: DraftJob) -> bool:
+    def _can_draft(self, slot_id: int, context_ids: list[int]) -> bool:
         """Are the target's rows there for every token the draft KV lacks (none missed while asleep)?"""
-        if self.is_asleep or len(job.context_ids) <= self.shift:
+        if self.is_asleep or len(context_ids) <= self.shift:
             return False
-        first_row = max(0, self._n_common(job.slot_id, job.context_ids) + self.shift - 1)
-        return self.rows.covers(job.slot_id, job.context_ids, first_row, len(job.context_ids) - 1)
+        first_row = max(0, self._n_common(slot_id, context_ids) + self.shift - 1)
+        return self.rows.covers(slot_id, context_ids, first_row, len(context_ids) - 1)
 
     def _n_common(self, slot_id: int, context_ids: list[int]) -> int:
         """Leading positions the draft KV already holds (the last token is always fed again)."""
-        cached = self._cached.get(slot_id, [])
-        limit = min(len(cached), len(context_ids) - 1 - self.shift)
-        n_common = 0
-        while n_common < limit and cached[n_common] == context_ids[n_common + self.shift]:
-            n_common += 1
-        return n_common
+        return n_common(self._cached.get(slot_id, []), context_ids, len(context_ids) - 1 - self.shift, self.shift)
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         """Tokens to feed before drafting; CANNOT_CATCH_UP where a row it needs was not kept."""
-        job = DraftJob(slot_id, context_ids, 1, None)  # type: ignore[arg-type]
-        if not self._can_draft(job):
+        if not self._can_draft(slot_id, context_ids):
             return CANNOT_CATCH_UP
         return max(0, len(context_ids) - self.shift - self._n_common(slot_id, context_ids))
 
@@ -136,7 +130,7 @@ class FedDrafter:
             rows = self.target.tap(target, n)
         finally:
             target.kv_remove(0)
-        self.rows._put(0, 0, token_ids, rows)
+        self.rows.put(0, 0, token_ids, rows)
         self._batch.clear()
         fed = token_ids[self.shift :]
         self._batch.add(0, fed, 0, len(fed), embd=self.inputs(0, self.shift, n))
@@ -194,28 +188,26 @@ class FedDrafter:
                     room -= n
             self._feed(feeds, last_logits=False)
             self.context.decode(self._batch)
-        rows = self._feed([(job.slot_id, todo[job.slot_id]) for job in jobs], last_logits=True)
+        lasts = self._feed([(job.slot_id, todo[job.slot_id]) for job in jobs], last_logits=True)
         logits = self.context.decode(self._batch)
         # (one logits row each: with all_logits the rows before each last one went first)
-        hidden_rows = [start + len(todo[job.slot_id]) - 1 for start, job in zip(self._starts, jobs)]
-        return logits[rows], self.context.hidden(self._batch.n_tokens)[hidden_rows]
+        return logits[[row for row, _ in lasts]], self.context.hidden(self._batch.n_tokens)[[i for _, i in lasts]]
 
-    def _feed(self, feeds: list[tuple[int, list[int]]], last_logits: bool) -> list[int]:
+    def _feed(self, feeds: list[tuple[int, list[int]]], last_logits: bool) -> list[tuple[int, int]]:
         """A fresh batch of these slots' tokens with their input rows (the last of each outputting
-        logits where asked); each feed's first logits row. self._starts: each feed's first batch row."""
+        logits where asked); per feed, its first logits row and its last token's batch index."""
         spans = []
         for slot_id, tokens in feeds:
             first = len(self._cached[slot_id]) + self.shift  # the context index of the first token
             spans.append((slot_id, first, first + len(tokens)))
         self._batch.clear()
-        rows, self._starts = [], []
+        lasts = []
         for (slot_id, tokens), embd in zip(feeds, self.inputs_of(spans)):
             cached = self._cached[slot_id]
             n_logits = (len(tokens) if self.all_logits else 1) if last_logits else 0
-            self._starts.append(self._batch.n_tokens)
-            rows.append(self._batch.add(slot_id, tokens, len(cached), n_logits, embd=embd))
+            lasts.append((self._batch.add(slot_id, tokens, len(cached), n_logits, embd=embd), self._batch.n_tokens - 1))
             cached.extend(tokens)
-        return rows
+        return lasts
 
     def close(self) -> None:
         self.target.tap = None

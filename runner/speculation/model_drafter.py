@@ -13,7 +13,7 @@ from runner.core.errors import ModelLoadError
 from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.llama import Batch, Context, ContextShape, Model
 from runner.speculation.draft_samplers import DraftSamplers
-from runner.speculation.drafter import DraftJob, register_drafter
+from runner.speculation.drafter import DraftJob, n_common, register_drafter
 
 
 def check_same_vocab_header(target: GgufInfo, draft: GgufInfo) -> None:
@@ -77,12 +77,7 @@ class ModelDrafter:
 
     def _n_common(self, slot_id: int, context_ids: list[int]) -> int:
         """Leading committed tokens the draft KV already holds (the last token is always re-fed)."""
-        cached = self._cached.get(slot_id, [])
-        limit = min(len(cached), len(context_ids) - 1)
-        n_common = 0
-        while n_common < limit and cached[n_common] == context_ids[n_common]:
-            n_common += 1
-        return n_common
+        return n_common(self._cached.get(slot_id, []), context_ids, len(context_ids) - 1)
 
     def catch_up_len(self, slot_id: int, context_ids: list[int]) -> int:
         return len(context_ids) - self._n_common(slot_id, context_ids)

@@ -106,8 +106,10 @@ class Speculator:
         self._shape: Shape = (0, 0)  # ... and its shape (UnpricedTime's key)
         self._generating: list = []  # this step's generating (slot id, Sequence)s
         self._steps_without_drafts = 0
-        if mode is SpecMode.AUTO and costs is not None and hasattr(drafter, "sleep") and not self._worth_waking():
-            drafter.sleep()  # (its measured agreement says drafting cannot pay: its taps would cost for nothing)
+        # a drafter that taps the target's rows (MTP, EAGLE3), which auto puts to sleep where it does not pay
+        self._sleeper = drafter if mode is SpecMode.AUTO and costs is not None and hasattr(drafter, "sleep") else None
+        if self._sleeper is not None and not self._worth_waking():
+            self._sleeper.sleep()  # (its measured agreement says drafting cannot pay: its taps would cost for nothing)
 
     @property
     def n_proposed(self) -> int:
@@ -132,13 +134,13 @@ class Speculator:
         self._priced_s = None
         if self.mode is SpecMode.OFF:
             return
-        if getattr(self.drafter, "is_asleep", False) and any(r.is_prompt for r in plan.rows) and self._worth_waking():
+        if self._sleeper is not None and self._sleeper.is_asleep:
+            if not (any(r.is_prompt for r in plan.rows) and self._worth_waking()):
+                for spec in self.slots:  # nothing to decide: asleep, it drafts for no slot
+                    spec.k = 0
+                return
             self._steps_without_drafts = 0
-            self.drafter.wake()  # (from this step's decode on: a request starting now can draft)
-        if getattr(self.drafter, "is_asleep", False):  # nothing to decide: asleep, it drafts for no slot
-            for spec in self.slots:
-                spec.k = 0
-            return
+            self._sleeper.wake()  # (from this step's decode on: a request starting now can draft)
         generating = [r for r in plan.rows if r.slot.state is SlotState.GENERATING and r.slot.seq is not None]
         self._generating = [(r.slot.id, r.slot.seq) for r in generating]  # (learn() shows them to the drafter)
         # a drafting model reads tokens: it cannot follow a prompt with images in it
@@ -186,12 +188,11 @@ class Speculator:
     def _count_idle(self, n_drafts: int) -> None:
         """Auto put a drafter that taps the target's rows to sleep after SLEEP_AFTER steps without
         drafts: the taps cost every step even when nothing is drafted."""
-        sleep = getattr(self.drafter, "sleep", None)
-        if sleep is None or self.mode is not SpecMode.AUTO or self.costs is None:
+        if self._sleeper is None:
             return
         self._steps_without_drafts = 0 if n_drafts else self._steps_without_drafts + 1
         if self._steps_without_drafts >= SLEEP_AFTER:
-            sleep()
+            self._sleeper.sleep()
 
     def _worth_waking(self) -> bool:
         """Would one slot drafting one token pay at the acceptance this drafter has shown so far?"""

@@ -34,9 +34,9 @@ class TargetRows:
         for i, row in enumerate(plan.rows):
             n_kept = len(row.token_ids) if row.is_prompt else 1 + row.n_accepted
             start = tapped.tapped_starts[i]
-            self._put(row.seq_id, row.first_pos, row.token_ids[:n_kept], tapped.tapped[start : start + n_kept])
+            self.put(row.seq_id, row.first_pos, row.token_ids[:n_kept], tapped.tapped[start : start + n_kept])
 
-    def _put(self, slot: int, first_pos: int, token_ids: list[int], rows: np.ndarray) -> None:
+    def put(self, slot: int, first_pos: int, token_ids: list[int], rows: np.ndarray) -> None:
         end = first_pos + len(token_ids)
         held = self._rows.get(slot)
         if held is None or len(held) < end:
