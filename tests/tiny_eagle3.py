@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from tiny_gguf import add_vocab, tiny_vocab
+from tiny_gguf import add_shape, add_vocab, tiny_vocab
 
 
 def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2), n_embd_target: int = 64,
@@ -27,14 +27,7 @@ def write_tiny_eagle3_gguf(path: Path, target_layers: tuple[int, ...] = (0, 1, 2
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny-random-eagle3")
     w.add_file_type(0)
-    w.add_block_count(1)
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
+    add_shape(w, 1, n_embd, n_ff, n_head, n_head_kv)
     w.add_array(f"{arch}.target_layers", list(target_layers))  # (gguf has no helper for it)
     w.add_uint32(f"{arch}.target_hidden_size", n_embd_target)
     if vocab_of is None:

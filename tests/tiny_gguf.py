@@ -42,6 +42,25 @@ def add_vocab(w: GGUFWriter, tokens: list[str], types: list[TokenType], chat_tem
         w.add_chat_template(CHATML if chat_template is True else chat_template)
 
 
+def add_shape(w: GGUFWriter, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
+              eps: float = 1e-5) -> None:
+    """The transformer's sizes every tiny model states the same way (2,048 positions of context)."""
+    w.add_block_count(n_layer)
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_layer_norm_rms_eps(eps)
+
+
+def shared_direction_embeddings(rng: np.random.Generator, n_vocab: int, n_embd: int, length: float) -> np.ndarray:
+    """Token embeddings that share one direction of this length (with small blocks, a model whose
+    logits barely depend on the input: one its draft heads can be made to guess)."""
+    return (rng.standard_normal((n_vocab, n_embd)) * 0.7 + length * rng.standard_normal(n_embd)).astype(np.float32)
+
+
 def tiny_vocab() -> tuple[list[str], list[TokenType]]:
     """The tokens of a tiny model with no extras: specials, the 256 byte stand-ins, the merges."""
     tokens = SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES]
@@ -77,14 +96,7 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name("tiny-random-llama")
     w.add_file_type(0)  # all F32
-    w.add_block_count(n_layer)
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
+    add_shape(w, n_layer, n_embd, n_ff, n_head, n_head_kv)
     w.add_vocab_size(n_vocab)
     if pooling_type is not None:
         w.add_uint32("llama.pooling_type", pooling_type)
@@ -99,8 +111,10 @@ def write_tiny_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    tensor("token_embd.weight", n_vocab, n_embd, scale=1.0) if not shared else w.add_tensor(
-        "token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * 0.7 + shared * rng.standard_normal(n_embd)).astype(np.float32))
+    if shared:
+        w.add_tensor("token_embd.weight", shared_direction_embeddings(rng, n_vocab, n_embd, shared))
+    else:
+        tensor("token_embd.weight", n_vocab, n_embd, scale=1.0)
     ones("output_norm.weight", n_embd)
     tensor("output.weight", n_vocab, n_embd, scale=1.0)
     for i in range(n_layer):

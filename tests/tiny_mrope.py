@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, TokenType
 
-from tiny_gguf import MERGES, SPECIALS, add_vocab, byte_level_alphabet
+from tiny_gguf import MERGES, SPECIALS, add_shape, add_vocab, byte_level_alphabet
 
 VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>"]  # what libmtmd puts around a Qwen2-VL image
 
@@ -21,21 +21,14 @@ def write_tiny_qwen2vl(path: Path, seed: int = 0, n_embd: int = 64, n_head: int 
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + VISION_SPECIALS + byte_level_alphabet() + ["".join(m) for m in MERGES]
     types = [TokenType.CONTROL] * (len(SPECIALS) + 2) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS) - 2)
-    head_dim, n_kv = n_embd // n_head, n_head_kv * (n_embd // n_head)
+    n_kv = n_head_kv * (n_embd // n_head)
     path.parent.mkdir(parents=True, exist_ok=True)
     w = GGUFWriter(str(path), "qwen2vl")
     w.add_name("tiny-random-qwen2vl")
     w.add_file_type(0)
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(2)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
+    add_shape(w, 2, n_embd, n_ff, n_head, n_head_kv, eps=1e-6)
     w.add_rope_dimension_sections([2, 3, 3, 0])  # (time, height, width, unused): within head_dim / 2
     w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
     w.add_vocab_size(len(tokens))
     add_vocab(w, tokens, types)
 

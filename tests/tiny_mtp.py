@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from tiny_gguf import add_vocab, tiny_vocab
+from tiny_gguf import add_shape, add_vocab, tiny_vocab
 
 
 def write_tiny_mtp_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
@@ -26,16 +26,9 @@ def write_tiny_mtp_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_head: int
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny-random-glm4moe-mtp")
     w.add_file_type(0)
-    w.add_block_count(n_trunk + 1)
+    add_shape(w, n_trunk + 1, n_embd, n_ff, n_head, n_head_kv)
     w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_uint32(f"{arch}.leading_dense_block_count", n_trunk)
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
     w.add_expert_count(n_expert)
     w.add_expert_used_count(1)
     w.add_expert_shared_count(1)
@@ -52,7 +45,7 @@ def write_tiny_mtp_gguf(path: Path, seed: int = 0, n_embd: int = 64, n_head: int
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    if agreeing:
+    if agreeing:  # (as tiny_gguf's shared_direction_embeddings, the direction drawn first)
         shared = rng.standard_normal(n_embd)
         w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, n_embd)) * 0.7 + shared).astype(np.float32))
     else:
