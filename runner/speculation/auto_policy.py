@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 EXPLORE_SHARE = 0.01  # free drafters: at most this share of step time goes to probing when nothing drafts
-PROBE_MAX_EXTRA = 0.5  # ... and only with probes adding at most this share to their step (no extra graph runs)
+PROBE_MAX_EXTRA = 0.5  # ... and only probes adding at most this share of a row's plain time per draft
 DECIDE_EVERY = 4  # after drafts were priced and lost, the same rows decide again this many steps later
 UNPRICED_WEIGHT = 0.1  # weight of the latest decode step in a shape's running mean of time the step costs leave out
 
@@ -49,9 +49,38 @@ def best_uniform_k(gains: dict[int, list[float]], price_s: Callable[[Ks], float]
     return best
 
 
+def cheapest_probe(gains: dict[int, list[float]], price_s: Callable[[Ks], float], plain_s: float,
+                   room: int) -> tuple[Ks, float]:
+    """The probe that adds the least step time per draft: every slot with drafts on offer drafts
+    the same k (or all it has), k from 1 up; and the time it adds to the plain step.
+
+    NOTE: not always one draft: where a second token costs the step much more than the first
+    (F16 weights on this CPU, one row: 9.6 ms, 16.5 for two, 18.2 for four), one draft was too
+    dear to probe with, so a drafter's acceptance was never measured and it never drafted, while
+    four drafts cost little more and measure four positions at once."""
+    best, best_extra_s, best_per_draft_s = {sid: 0 for sid in gains}, 0.0, float("inf")
+    for k in range(1, max((len(g) for g in gains.values()), default=0) + 1):
+        probe = {sid: min(k, len(g)) for sid, g in gains.items()}
+        n_drafts = sum(probe.values())
+        if n_drafts > room:
+            break
+        extra_s = price_s(probe) - plain_s
+        if extra_s / n_drafts < 0.99 * best_per_draft_s:  # (deeper only where clearly cheaper per draft)
+            best, best_extra_s, best_per_draft_s = probe, extra_s, extra_s / n_drafts
+    return best, best_extra_s
+
+
+def probe_affordable(probe: Ks, extra_s: float, plain_s: float, n_rows: int) -> bool:
+    """At most PROBE_MAX_EXTRA of a row's share of the plain step (n_rows rows) per draft: probes
+    that split the batch into extra graph runs (some rows drafting, some not) measured dearer
+    than priced."""
+    n_drafts = sum(probe.values())
+    return n_drafts > 0 and extra_s / n_drafts <= PROBE_MAX_EXTRA * plain_s / n_rows
+
+
 @dataclass
 class ProbeBudget:
-    """Step time that probes (one draft per slot while drafting looks unprofitable) may spend:
+    """Step time that probes (drafts taken while drafting looks unprofitable) may spend:
     EXPLORE_SHARE of each plain step, saved up to one probe at most (no bursts after a stretch
     without drafts)."""
 

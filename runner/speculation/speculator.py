@@ -12,10 +12,10 @@ from enum import Enum
 
 from runner.runtime.micro_batches import Row
 from runner.scheduler.batch import BatchPlan, BatchRow
+from runner.scheduler.sequence import Sequence
 from runner.scheduler.slots import SlotState
 from runner.scheduler.snapshot import DraftCounts, SlotDrafts
 from runner.speculation.auto_policy import (
-    PROBE_MAX_EXTRA,
     AutoDecision,
     Backoff,
     Ks,
@@ -23,7 +23,9 @@ from runner.speculation.auto_policy import (
     Shape,
     UnpricedTime,
     best_uniform_k,
+    cheapest_probe,
     expected_tokens,
+    probe_affordable,
 )
 from runner.speculation.cost_model import StepCosts
 from runner.speculation.drafter import Drafter, DraftJob
@@ -73,11 +75,34 @@ Kind = int | None  # DraftJob.kind: a kind of proposal with its own acceptance (
 
 
 @dataclass
+class Shadow:
+    """A free drafter's proposal that auto did not draft: scored, once the target has generated
+    as many tokens after it, as verification would have scored it (greedy: exactly; sampled: a
+    drafted token is accepted with the probability that the target samples it)."""
+
+    seq: Sequence  # the request, whose output_ids it is scored against
+    kind: Kind
+    draft_ids: list[int]
+    mark: int  # len(seq.output_ids) when proposed: the drafts stand for output_ids[mark:]
+
+    def score(self) -> tuple[int, int] | None:
+        """(positions proposed, accepted) once decided; None while the target has not reached them."""
+        out = self.seq.output_ids[self.mark : self.mark + len(self.draft_ids)]
+        if len(out) < len(self.draft_ids) and not self.seq.is_finished:
+            return None
+        n_accepted = next((i for i, (a, b) in enumerate(zip(self.draft_ids, out)) if a != b), len(out))
+        return len(out), n_accepted
+
+
+@dataclass
 class SlotSpec:
     request_id: str | None = None
     records: dict[Kind, Acceptance] = field(default_factory=dict)  # the request's acceptance, per kind
+    # ... and what auto estimates it from: those drafts plus the proposals it scored without drafting
+    estimates: dict[Kind, Acceptance] = field(default_factory=dict)
     k: int = 0  # drafts chosen for the current step
     kind: Kind = None  # ... and their kind
+    shadow: Shadow | None = None  # a proposal not drafted, waiting for the target's tokens
 
     @property
     def n_proposed(self) -> int:
@@ -97,6 +122,7 @@ class Speculator:
         self.costs = costs
         self.prior_accept = prior_accept  # until the drafter has a record of its own on this server
         self.records: dict[Kind, Acceptance] = {}  # the drafter's record across requests, per kind: new ones' prior
+        self.estimates: dict[Kind, Acceptance] = {}  # ... with the proposals scored without drafting (Shadow)
         self.slots = [SlotSpec() for _ in range(n_slots)]
         self.n_runs = 0  # verified draft runs (rows that carried drafts)
         self.probe_budget = ProbeBudget()
@@ -174,6 +200,8 @@ class Speculator:
             for row, job in zip(rows, jobs):
                 k = ks[row.slot.id]
                 row.add_drafts(job.draft_ids[:k], job.draft_dists[:k])
+                if self.mode is SpecMode.AUTO and not k and job.draft_ids:
+                    self._keep_shadow(row, job)
         else:  # drafting costs: decide first, then draft only that much
             ks = self._choose(plan, rows, caps, room)
             self._count_idle(sum(ks.values()))
@@ -215,14 +243,35 @@ class Speculator:
         for row in plan.rows:
             spec = self.slots[row.slot.id]
             if row.draft_ids and not row.is_forced:
-                spec.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
-                self.records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
+                for records in (spec.records, self.records, spec.estimates, self.estimates):
+                    records.setdefault(spec.kind, Acceptance()).record(len(row.draft_ids), row.n_accepted)
                 self.n_runs += 1
+        self._score_shadows()
         observe = getattr(self.drafter, "observe", None)
         if observe is not None:  # a drafter that learns from what every slot generated (ngram_store)
             for slot_id, seq in self._generating:
                 observe(slot_id, seq.request_id, seq.prompt_ids, seq.output_ids)
         self._generating = []
+
+    def _keep_shadow(self, row: BatchRow, job: DraftJob) -> None:
+        """A free proposal auto did not draft: scored later against what the target generates, so
+        auto learns a kind's acceptance without paying for its verification (probes alone were too
+        rare to learn it where one draft costs most of a step: F16 weights on one row here)."""
+        spec, seq = self.slots[row.slot.id], row.slot.seq
+        if spec.shadow is None and seq is not None:
+            spec.shadow = Shadow(seq, job.kind, list(job.draft_ids), len(seq.output_ids))
+
+    def _score_shadows(self) -> None:
+        for spec in self.slots:
+            shadow = spec.shadow
+            if shadow is None or (scored := shadow.score()) is None:
+                continue
+            spec.shadow = None
+            n_proposed, n_accepted = scored
+            if n_proposed:
+                self.estimates.setdefault(shadow.kind, Acceptance()).record(n_proposed, n_accepted)
+                if spec.request_id == shadow.seq.request_id:
+                    spec.estimates.setdefault(shadow.kind, Acceptance()).record(n_proposed, n_accepted)
 
     @staticmethod
     def _cut_to_grammar(row: BatchRow) -> None:
@@ -285,7 +334,7 @@ class Speculator:
     def _prior(self, kind: Kind, drafters_prior: float | None) -> float:
         """A kind's acceptance before the request has its own record: the server's record of that
         kind once it has one, else the drafter's estimate, else the speculator's prior."""
-        record = self.records.get(kind)
+        record = self.estimates.get(kind)
         if record is not None and sum(record.proposed) >= PRIOR_FROM_SERVER_AFTER:
             return record.overall
         return drafters_prior if drafters_prior is not None else self.prior_accept
@@ -296,7 +345,7 @@ class Speculator:
         for r in rows:
             spec = self.slots[r.slot.id]
             prior = self._prior(spec.kind, priors.get(r.slot.id))
-            acc, p, g = spec.records.get(spec.kind) or Acceptance(), 1.0, []
+            acc, p, g = spec.estimates.get(spec.kind) or Acceptance(), 1.0, []
             for pos in range(1, caps[r.slot.id] + 1):
                 p *= acc.rate(pos, prior)
                 g.append(p)
@@ -347,15 +396,12 @@ class Speculator:
         plain_s = probe_extra_s = None
         is_probe = False
         if self.drafter.is_free and not any(best.values()):
-            # keep learning while drafting looks unprofitable: every slot with a draft probes one
-            # token, paid from the probe budget. Only probes that add at most PROBE_MAX_EXTRA to
-            # their step: ones that split the batch into extra graph runs measured dearer than priced.
+            # keep learning while drafting looks unprofitable: the slots with drafts probe, paid
+            # from the probe budget (and only where a draft is cheap enough: probe_affordable)
             plain_s = step_s(best)
-            probe = {sid: min(1, len(gains[sid])) for sid in order}
-            probe_extra_s = step_s(probe) - plain_s
-            can_probe = (any(probe.values()) and probe_extra_s <= PROBE_MAX_EXTRA * plain_s
-                         and sum(probe.values()) <= room)
-            if can_probe and self.probe_budget.credit_after(plain_s, probe_extra_s) >= probe_extra_s:
+            probe, probe_extra_s = cheapest_probe(gains, step_s, plain_s, room)
+            if (probe_affordable(probe, probe_extra_s, plain_s, n_rows)
+                    and self.probe_budget.credit_after(plain_s, probe_extra_s) >= probe_extra_s):
                 best, is_probe = probe, True
         priced_s, is_lost, shape = None, False, (n_rows, max(best.values()))
         if is_decode_only:  # learn what it takes beyond the priced time

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.speculation.auto_policy import (DECIDE_EVERY, EXPLORE_SHARE, Backoff, ProbeBudget, UnpricedTime,
-                                            best_uniform_k, expected_tokens)
+                                            best_uniform_k, cheapest_probe, expected_tokens, probe_affordable)
 
 
 def linear_price(per_token_s: float, fixed_s: float = 0.0):
@@ -43,6 +43,31 @@ def test_the_search_stops_once_deeper_drafts_cannot_win() -> None:
     assert best_uniform_k({0: [0.5] * 8}, price, room=64, k_max=8) == {0: 0}
     # k=2 costs 0.09 s: even all 8 drafts accepted (5 tokens) would not beat plain steps' 100 tokens/s
     assert [p[0] for p in priced] == [0, 1, 2]
+
+
+def first_token_dear(ks: dict[int, int]) -> float:
+    """One row on F16 weights here: 10 ms for a token, 17 for two, then 0.5 ms a token more."""
+    n = 1 + ks[0]
+    return 0.010 if n == 1 else 0.017 + 0.0005 * (n - 2)
+
+
+def test_the_probe_takes_the_k_with_the_least_time_per_draft() -> None:
+    probe, extra_s = cheapest_probe({0: [0.3] * 4}, first_token_dear, plain_s=0.010, room=64)
+    assert probe == {0: 4} and extra_s == pytest.approx(0.0085)  # 2.1 ms a draft, where one alone costs 7
+    assert probe_affordable(probe, extra_s, plain_s=0.010, n_rows=1)
+    assert not probe_affordable({0: 1}, 0.007, plain_s=0.010, n_rows=1)  # over half a step for one draft
+    # a flat price per token: one draft is as cheap per draft as four, and adds the least to its step
+    assert cheapest_probe({0: [0.3] * 4}, linear_price(0.001, fixed_s=0.010), 0.011, room=64)[0] == {0: 1}
+    assert cheapest_probe({0: [0.3] * 4}, first_token_dear, 0.010, room=2)[0] == {0: 2}  # what fits the batch
+
+
+def test_a_probe_that_splits_the_batch_must_be_cheaper_per_draft() -> None:
+    """Two of four rows probing: extra graph runs, measured dearer than priced; each draft may add
+    at most half of a row's share of the plain step."""
+    plain_s = 0.018
+    assert probe_affordable({0: 1, 1: 1, 2: 1, 3: 1}, 0.008, plain_s, n_rows=4)  # 2 ms a draft, rows 4.5 ms
+    assert not probe_affordable({0: 1, 1: 1, 2: 0, 3: 0}, 0.017, plain_s, n_rows=4)  # 8.5 ms a draft
+    assert not probe_affordable({0: 0}, 0.0, plain_s, n_rows=1)  # nothing to probe with
 
 
 def test_the_probe_budget_earns_a_share_and_saves_up_one_probe_at_most() -> None:

@@ -64,6 +64,17 @@ def test_the_drafter_proposes_from_the_context_first_then_from_the_store() -> No
     assert drafter.kind_name(STORE_KIND) == "store" and drafter.kind_name(2) == "context-2"
 
 
+def test_the_store_comes_before_a_two_token_match_of_the_context_and_after_a_longer_one() -> None:
+    store = NgramStore(1 << 16)
+    drafter = NgramDrafter(store=store)
+    drafter.observe(0, "a", (7, 7, 1, 2), [3, 4, 5, 6])
+    two = DraftJob(1, [9, 1, 2, 5, 7, 7, 1, 2], k=2, sampling=SamplingParams())  # "1 2" was followed by 5
+    three = DraftJob(1, [7, 1, 2, 5, 7, 7, 1, 2], k=2, sampling=SamplingParams())  # "7 1 2" was followed by 5
+    drafter.propose([two, three])
+    assert (two.draft_ids, two.kind) == ([3, 4], STORE_KIND)
+    assert (three.draft_ids, three.kind) == ([5, 7], 3)
+
+
 def test_each_output_token_is_learned_once_and_a_new_request_in_the_slot_starts_over() -> None:
     store = NgramStore(1 << 16)
     drafter = NgramDrafter(store=store)

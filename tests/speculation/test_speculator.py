@@ -63,6 +63,17 @@ class RightDrafter:
         pass
 
 
+class CountingDrafter(WrongDrafter):
+    """Free, always right (the fake model counts up), with no estimate of its own acceptance."""
+
+    name = "counting"
+
+    def propose(self, jobs) -> None:
+        for job in jobs:
+            job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
+            job.draft_dists = [None] * job.k
+
+
 class ClockedRuntime(FakeRuntime):
     """The fake runtime with a clock that each decode moves on by step_s(rows)."""
 
@@ -118,6 +129,39 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
     # within the budget, give or take one probe and the two drafts the prior makes before any record
     assert probes * 0.004 <= EXPLORE_SHARE * n_steps * 0.010 + 3 * 0.004
     assert run(0.040)[0] == 0  # a probe that costs 3 steps more: never
+
+
+def test_auto_learns_a_drafter_pays_where_one_draft_is_dear_and_four_are_cheap() -> None:
+    """One row on F16 weights on this CPU: 9.6 ms for a token, 16.5 for two, 18.2 for five. With
+    the prior's acceptance nothing pays, and a one-draft probe was too dear to take: a drafter that
+    is always right never drafted. Probes of four drafts measure it, and then it drafts."""
+    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.0096, 0.0165, 0.0182, 0.200))}))
+    spec = Speculator(CountingDrafter(), SpecMode.AUTO, 4, 1, costs, prior_accept=0.3)
+    engine, _ = fake_engine(1, 1024, 64, speculator=spec)
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True),
+                  lambda e: None)
+    while engine.has_work:
+        engine.step()
+    # (two probes, ~90 plain steps apart on the 1% budget, measure it; from then on it drafts four a step)
+    assert spec.n_accepted > 150
+
+
+def test_auto_learns_a_free_drafters_acceptance_from_proposals_it_did_not_draft() -> None:
+    """Four drafts of an always-right drafter pay (5 tokens for 3.2 steps' time), but at the prior's
+    acceptance they do not, and no probe is affordable (each draft adds over half a step). Its
+    proposals, scored against the tokens the target then generates, show it is right: it drafts.
+    What /metrics and usage count stays the drafts actually verified."""
+    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.010, 0.025, 0.032, 0.300))}))
+    spec = Speculator(CountingDrafter(), SpecMode.AUTO, 4, 1, costs, prior_accept=0.3)
+    engine, _ = fake_engine(1, 1024, 64, speculator=spec)
+    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True),
+                  lambda e: None)
+    while engine.has_work:
+        engine.step()
+    assert spec.n_accepted > 300
+    verified, estimated = spec.records[None], spec.estimates[None]
+    assert sum(verified.accepted) == spec.n_accepted  # every verified draft was right
+    assert sum(estimated.proposed) > sum(verified.proposed)  # ... and the scored proposals came first
 
 
 def test_auto_decides_again_only_every_few_steps_once_drafts_lost() -> None:
