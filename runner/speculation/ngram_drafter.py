@@ -17,8 +17,11 @@ NGRAM_MAX = 4
 NGRAM_MIN = 2  # a lone matching token predicts little: 0.31 acceptance on free chat, where drafts lose
 # First-draft acceptance by match length, measured with SmolLM2 on bench/speculative.py's prompts
 # (8 clients, forced on): 2 tokens 0.53 (chat) to 0.67 (grounded), 3 tokens ~0.5 (rare), 4 tokens
-# 1.0 (grounded; rare in chat). Rounded down: the prior until a server has measured its own.
-PRIOR_BY_MATCH = {2: 0.5, 3: 0.6, 4: 0.9}
+# 1.0 (grounded; rare in chat). The prior until auto has measured a kind: set well below, since auto
+# measures one for free from the proposals it does not draft (speculator.Shadow), while a prior
+# that drafts wrongly costs for real (at 0.9 for 4 tokens, one wrong 4-token draft at one client
+# cost 3% of a 48-token free-chat reply on F16 weights; grounded work drafts as much at 0.5).
+PRIOR_BY_MATCH = {2: 0.3, 3: 0.4, 4: 0.5}
 STORE_KIND = 100  # DraftJob.kind of the store's proposals (the context's are their match length)
 STORE_PRIOR = 0.3  # until this server has measured the store's own acceptance
 # The store (keyed on 4 tokens, what this model wrote after them before) is asked before a context
