@@ -131,18 +131,23 @@ def test_auto_probes_with_a_bounded_share_of_step_time() -> None:
     assert run(0.040)[0] == 0  # a probe that costs 3 steps more: never
 
 
-def test_auto_learns_a_drafter_pays_where_one_draft_is_dear_and_four_are_cheap() -> None:
-    """One row on F16 weights on this CPU: 9.6 ms for a token, 16.5 for two, 18.2 for five. With
-    the prior's acceptance nothing pays, and a one-draft probe was too dear to take: a drafter that
-    is always right never drafted. Probes of four drafts measure it, and then it drafts."""
-    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.0096, 0.0165, 0.0182, 0.200))}))
+def counting_run(costs: StepCosts) -> Speculator:
+    """A 400-token greedy reply with an always-right free drafter under auto, from a 0.3 prior."""
     spec = Speculator(CountingDrafter(), SpecMode.AUTO, 4, 1, costs, prior_accept=0.3)
     engine, _ = fake_engine(1, 1024, 64, speculator=spec)
     engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True),
                   lambda e: None)
     while engine.has_work:
         engine.step()
-    # (two probes, ~90 plain steps apart on the 1% budget, measure it; from then on it drafts four a step)
+    return spec
+
+
+def test_auto_learns_a_drafter_pays_where_one_draft_is_dear_and_four_are_cheap() -> None:
+    """One row on F16 weights on this CPU: 9.6 ms for a token, 16.5 for two, 18.2 for five. With
+    the prior's acceptance nothing pays, and a one-draft probe was too dear to take: a drafter that
+    is always right never drafted. Measured (probes of four drafts, the proposals it did not
+    draft), it drafts."""
+    spec = counting_run(StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.0096, 0.0165, 0.0182, 0.200))})))
     assert spec.n_accepted > 150
 
 
@@ -151,13 +156,7 @@ def test_auto_learns_a_free_drafters_acceptance_from_proposals_it_did_not_draft(
     acceptance they do not, and no probe is affordable (each draft adds over half a step). Its
     proposals, scored against the tokens the target then generates, show it is right: it drafts.
     What /metrics and usage count stays the drafts actually verified."""
-    costs = StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.010, 0.025, 0.032, 0.300))}))
-    spec = Speculator(CountingDrafter(), SpecMode.AUTO, 4, 1, costs, prior_accept=0.3)
-    engine, _ = fake_engine(1, 1024, 64, speculator=spec)
-    engine.submit(GenerationRequest("a", (1, 2, 3), SamplingParams(temperature=0), 400, ignore_eos=True),
-                  lambda e: None)
-    while engine.has_work:
-        engine.step()
+    spec = counting_run(StepCosts(ShapeCosts({1: CostTable((1, 2, 5, 64), (0.010, 0.025, 0.032, 0.300))})))
     assert spec.n_accepted > 300
     verified, estimated = spec.records[None], spec.estimates[None]
     assert sum(verified.accepted) == spec.n_accepted  # every verified draft was right
