@@ -73,12 +73,12 @@ class NgramDrafter:
         for job in jobs:
             ctx = job.context_ids
             index = self._index(job.slot_id, ctx)
-            lengths = range(min(self.n_max, len(ctx)), self.n_min - 1, -1)
-            if not self._from_context(job, index, [n for n in lengths if n >= STORE_FIRST_BELOW]):
-                if not self._from_store(job):
-                    self._from_context(job, index, [n for n in lengths if n < STORE_FIRST_BELOW])
+            longest = min(self.n_max, len(ctx))
+            if not (self._from_context(job, index, range(longest, STORE_FIRST_BELOW - 1, -1))
+                    or self._from_store(job)):
+                self._from_context(job, index, range(min(longest, STORE_FIRST_BELOW - 1), self.n_min - 1, -1))
 
-    def _from_context(self, job: DraftJob, index: _Index, lengths: list[int]) -> bool:
+    def _from_context(self, job: DraftJob, index: _Index, lengths: range) -> bool:
         ctx = job.context_ids
         for n in lengths:
             start = index.after.get(tuple(ctx[-n:]))

@@ -28,7 +28,7 @@ from runner.speculation.auto_policy import (
     probe_affordable,
 )
 from runner.speculation.cost_model import StepCosts
-from runner.speculation.drafter import Drafter, DraftJob
+from runner.speculation.drafter import Drafter, DraftJob, n_common
 
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior acceptance
 PRIOR_ACCEPT = 0.6  # a drafter's acceptance before it has been measured (draft models: draft_agreement)
@@ -90,8 +90,7 @@ class Shadow:
         out = self.seq.output_ids[self.mark : self.mark + len(self.draft_ids)]
         if len(out) < len(self.draft_ids) and not self.seq.is_finished:
             return None
-        n_accepted = next((i for i, (a, b) in enumerate(zip(self.draft_ids, out)) if a != b), len(out))
-        return len(out), n_accepted
+        return len(out), n_common(self.draft_ids, self.seq.output_ids, len(out), self.mark)
 
 
 @dataclass
@@ -268,10 +267,9 @@ class Speculator:
                 continue
             spec.shadow = None
             n_proposed, n_accepted = scored
-            if n_proposed:
-                self.estimates.setdefault(shadow.kind, Acceptance()).record(n_proposed, n_accepted)
-                if spec.request_id == shadow.seq.request_id:
-                    spec.estimates.setdefault(shadow.kind, Acceptance()).record(n_proposed, n_accepted)
+            if n_proposed:  # (the spec is still the shadow's request's: a new request replaces both)
+                for estimates in (spec.estimates, self.estimates):
+                    estimates.setdefault(shadow.kind, Acceptance()).record(n_proposed, n_accepted)
 
     @staticmethod
     def _cut_to_grammar(row: BatchRow) -> None:
