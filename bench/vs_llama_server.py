@@ -2,13 +2,15 @@
 
 Both serve the same GGUF with the same slots, context per slot, batch size and threads; the same
 streaming clients (bench/sse_clients.py) send the same chat requests (greedy, end-of-text ignored,
-every reply --max-tokens long). The two servers take turns, one at a time on the machine, pair
-after pair, and each pair's ratio is ours/theirs from the same minutes; the table gives medians.
+every reply --max-tokens long). Both servers are up and warmed at once, and they take turns under
+load (the other one idle): a turn is every client sending --rounds requests one after another, and
+a pair is one turn each, in the order ours-theirs, theirs-ours, ... so that each pair's ratio
+(ours/theirs) comes from the same few seconds of this machine. The table gives medians.
 
     bash bench/build_llama_server.sh          # once: llama-server from our pinned llama.cpp
-    python bench/vs_llama_server.py [--llama-server PATH] [--concurrency 1 8] [--slots N] [--repeats 3]
+    python bench/vs_llama_server.py [--llama-server PATH] [--concurrency 1 8] [--slots N] [--repeats 11]
 
-TTFT is the time from sending a request to its first content chunk, over every request of a run;
+TTFT is the time from sending a request to its first content chunk, over every request of a turn;
 requests are sent one after another per client, so from the second on, a client's request
 arrives while the others' replies are decoding.
 """
@@ -110,11 +112,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False,
-           prompts: list[str] = PROMPTS) -> list[list[dict]]:
-    """Each client's requests; every prompt differs from every other in the run (while there are
-    enough prompts), so what a server reuses is only the chat template's common head."""
+           prompts: list[str] = PROMPTS, turn: int = 0) -> list[list[dict]]:
+    """Each client's requests in one turn; every prompt differs from every other in the run (a
+    numbered question once the prompts are used up), so what a server reuses is only the chat
+    template's common head."""
     def prompt(c: int, r: int) -> str:
-        return WARM_UP.format(c) if warm_up else prompts[(c * rounds + r) % len(prompts)]
+        k = (turn * concurrency + c) * rounds + r
+        if warm_up:
+            return WARM_UP.format(c)
+        return prompts[k % len(prompts)] if k < len(prompts) else f"Question {k}: {prompts[k % len(prompts)]}"
 
     return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}], "max_tokens": max_tokens,
               "temperature": 0, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
@@ -122,16 +128,33 @@ def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False
 
 def measure(command: list[str], port: int, concurrency: int, rounds: int, max_tokens: int,
             prompts: list[str] = PROMPTS) -> Run:
-    proc = serve(command, port)
+    """A server started, warmed, given one turn, stopped."""
+    proc, url = started(command, port, concurrency)
     try:
-        url = f"http://127.0.0.1:{port}"
-        run_clients(url, bodies(concurrency, 1, 8, warm_up=True))  # page the weights in, build the graphs
-        load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts))
+        return turn(url, concurrency, rounds, max_tokens, prompts)
     finally:
         stop(proc)
+
+
+def turn(url: str, concurrency: int, rounds: int, max_tokens: int, prompts: list[str] = PROMPTS,
+         index: int = 0) -> Run:
+    """One turn: every client sends its requests one after another."""
+    load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index))
     if load.n_tokens != concurrency * rounds * max_tokens:
-        raise RuntimeError(f"{command[0]} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
+        raise RuntimeError(f"{url} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
     return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens)
+
+
+def started(command: list[str], port: int, concurrency: int) -> tuple[subprocess.Popen, str]:
+    """A server up and warmed (weights paged in, graphs built for this many clients)."""
+    proc = serve(command, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        run_clients(url, bodies(concurrency, 1, 8, warm_up=True))
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
 
 
 def main() -> None:
@@ -142,11 +165,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--slots", type=int, default=None, help="slots of both servers (default: one per client)")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another")
+    ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another, per turn")
     ap.add_argument("--threads", type=int, default=physical_cores())
     ap.add_argument("--ctx-per-slot", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3, help="ours/theirs pairs per concurrency (medians taken)")
+    ap.add_argument("--repeats", type=int, default=11, help="ours/theirs pairs per concurrency (medians taken)")
     ap.add_argument("--gpu-layers", default=None, help="layers on the GPU for both servers: a count or all "
                                                          "(default: each server's own, auto for both)")
     ap.add_argument("--prompt-repeat", type=int, default=1,
@@ -162,17 +185,22 @@ def main() -> None:
     rows = []
     for c in args.concurrency:
         shape = Shape(args.slots or c, args.ctx_per_slot, args.batch, args.threads)
-        pairs = []
-        for r in range(args.repeats):
-            runs = {}
-            for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
-                port = free_port()
-                command = (ours_command(model, shape, port, ours_gpu) if who == "ours"
-                           else theirs_command(binary, model, shape, port, theirs_gpu))
-                runs[who] = measure(command, port, c, args.rounds, args.max_tokens, prompts)
-                print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
-                      f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
-            pairs.append(runs)
+        ours_port, theirs_port = free_port(), free_port()
+        servers = [started(ours_command(model, shape, ours_port, ours_gpu), ours_port, c)]
+        try:
+            servers.append(started(theirs_command(binary, model, shape, theirs_port, theirs_gpu), theirs_port, c))
+            urls = {"ours": servers[0][1], "theirs": servers[1][1]}
+            pairs = []
+            for r in range(args.repeats):
+                runs = {}
+                for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
+                    runs[who] = turn(urls[who], c, args.rounds, args.max_tokens, prompts, index=r)
+                    print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
+                          f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
+                pairs.append(runs)
+        finally:
+            for proc, _ in servers:
+                stop(proc)
         med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
         rows.append([c, shape.slots, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
                      statistics.median(p["ours"].tokens_per_s / p["theirs"].tokens_per_s for p in pairs),
