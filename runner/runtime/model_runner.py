@@ -73,6 +73,8 @@ class ModelRunner:
 
         Rows go in slot order (consecutive slots share llama.cpp's micro-batches); where the
         kernels are not batch-invariant, micro-batches are padded (see micro_batches)."""
+        if len(rows) == 1 and not self.pads_batches and self.tap is None and self._trace is None:
+            return self._decode_one(rows[0])
         order = sorted(range(len(rows)), key=lambda i: rows[i].seq_id)
         in_slot_order = [rows[i] for i in order]
         padding = self._padding(in_slot_order) if self.pads_batches else None
@@ -112,6 +114,14 @@ class ModelRunner:
             if row.n_logits:
                 out[i] = logits[first : first + row.n_logits]
         return out
+
+    def _decode_one(self, row: DecodeRow) -> list[np.ndarray]:
+        """decode() of a lone row with nothing padded, tapped or traced: one client's step, whose
+        Python runs with its code cold after every llama_decode, so it does only what is needed."""
+        batch = self._batch
+        batch.clear()
+        batch.add(row.seq_id, row.token_ids, self._pos(row.seq_id, row.first_pos), row.n_logits)
+        return [self.context.decode(batch)]  # the batch's outputs are this row's logits rows
 
     def _padding(self, rows: list[DecodeRow]) -> Padding | None:
         shape = self.context.shape

@@ -59,10 +59,15 @@ class Sampler:
         """A grammar masks the rows (a lazy one only once it has begun)."""
         return self.constraint is not None and self.constraint.is_active
 
+    @property
+    def adjusts(self) -> bool:
+        """Whether a bias, a penalty or the grammar changes the logits."""
+        return self.params.has_penalties or bool(self.params.logit_bias) or self.masks
+
     def adjusted_logits(self, logits: np.ndarray) -> np.ndarray:
         """Logits after the bias, penalties and grammar (a copy only when one is set)."""
         p = self.params
-        if not p.has_penalties and not p.logit_bias and not self.masks:
+        if not self.adjusts:
             return logits
         out = np.array(logits, dtype=np.float32, copy=True)
         if self.constraint is not None and self.masks:
@@ -108,7 +113,11 @@ class Sampler:
         return Distribution(ids, probs / probs.sum())
 
     def greedy_token(self, logits: np.ndarray) -> int:
-        return int(np.argmax(self.adjusted_logits(logits)))
+        """The most likely token of one row (or of a block holding one row: then no row is cut out,
+        which costs ~10 us with numpy's code cold after a decode)."""
+        if not self.adjusts:
+            return int(logits.argmax())
+        return int(np.argmax(self.adjusted_logits(logits.reshape(-1))))
 
     def sample(self, logits: np.ndarray) -> int:
         dist = self.distribution(logits)

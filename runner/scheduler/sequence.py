@@ -87,20 +87,23 @@ class Sequence:
         Returns how many drafts were accepted (they stay in the KV) and the token to feed next
         (None: the request finished)."""
         self._is_prompt_computed = True
+        if not draft_ids and self.sampler.params.is_greedy:  # one row, its argmax (verify() would say the same)
+            token_id = self.sampler.greedy_token(rows)
+            return 0, (token_id if self._commit(token_id, rows, 0, False, n_ctx_left) else None)
         verdict = verify(self.sampler, rows, draft_ids, draft_dists)
         self.n_draft_proposed += len(draft_ids)
         self.n_draft_accepted += verdict.n_accepted
         for i, token_id in enumerate(verdict.committed_ids):
             is_draft = i < verdict.n_accepted
-            if not self._commit(token_id, rows[i], is_draft, n_ctx_left - i):
+            if not self._commit(token_id, rows, i, is_draft, n_ctx_left - i):
                 return verdict.n_accepted, None
         return verdict.n_accepted, verdict.committed_ids[-1]
 
-    def _commit(self, token_id: int, row: np.ndarray, is_draft: bool, n_ctx_left: int) -> bool:
-        """Stream one decided token; False when it ends the request."""
+    def _commit(self, token_id: int, rows: np.ndarray, i: int, is_draft: bool, n_ctx_left: int) -> bool:
+        """Stream one decided token (decided on rows[i]); False when it ends the request."""
         logprob = None
         if self.request.n_top_logprobs is not None:
-            chosen, top = top_logprobs(row, token_id, self.request.n_top_logprobs)
+            chosen, top = top_logprobs(rows[i], token_id, self.request.n_top_logprobs)
             logprob = TokenLogprob(token_id, chosen, tuple(top))
         if token_id in self.eog_ids:
             self.finish(FinishReason.STOP)

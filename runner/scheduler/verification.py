@@ -71,4 +71,5 @@ def _verify_greedy(sampler: Sampler, rows: np.ndarray, draft_ids: list[int]) -> 
         if target != draft:
             return Verdict(draft_ids[:i] + [target], i)
         sampler.accept(draft)
-    return Verdict(draft_ids + [sampler.greedy_token(rows[len(draft_ids)])], len(draft_ids))
+    last = rows[len(draft_ids)] if draft_ids else rows  # (no drafts: the block is that one row)
+    return Verdict(draft_ids + [sampler.greedy_token(last)], len(draft_ids))
