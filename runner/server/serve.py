@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 8080
 SWITCH_INTERVAL_S = 0.0005
-DEFAULT_STREAM_INTERVAL_MS = 20.0
+DEFAULT_STREAM_INTERVAL_MS = 50.0
 SHUTDOWN_GRACE_S = 3  # after SIGTERM/Ctrl-C: in-flight requests are cancelled, connections get this long to close
 API_KEY_ENV = "RUNNER_API_KEY"
 
