@@ -24,6 +24,11 @@ USAGE_CHUNK = re.compile(rb'"choices": ?\[\]')  # stream_options.include_usage's
 # this many bytes wait (or the server closes): a chunk is ~200 bytes, so a wake-up per ~10
 # tokens instead of one per token, each of which took a core from llama.cpp's threads.
 RCVLOWAT_BYTES = 2048
+# A quiet spell this long: read what waits below the low-water mark (a reply whose [DONE] is in
+# but whose connection the server has not closed yet: seen once from llama-server at 8 clients);
+# quiet this many spells in a row, the run fails instead of hanging.
+QUIET_S = 5.0
+QUIET_SPELLS_MAX = 12
 
 
 @dataclass
@@ -36,6 +41,7 @@ class _Client:
     first_s: float | None = None
     ttfts: list[float] = field(default_factory=list)
     n_tokens: int = 0
+    is_done: bool = False  # the reply's data: [DONE] is in
 
 
 @dataclass(frozen=True)
@@ -54,19 +60,25 @@ def run_clients(url: str, plan: list[list[dict]]) -> LoadResult:
     started = time.perf_counter()
     for client in clients:
         _send_next(client, address, selector)
+    n_quiet = 0
     while selector.get_map():
-        for key, _ in selector.select():
+        ready = selector.select(QUIET_S)
+        if not ready:
+            n_quiet += 1
+            if n_quiet >= QUIET_SPELLS_MAX:
+                raise TimeoutError(f"{url} sent nothing for {QUIET_S * QUIET_SPELLS_MAX:.0f} s")
+            for key in list(selector.get_map().values()):
+                _drain(key.data, address, selector)
+            continue
+        n_quiet = 0
+        for key, _ in ready:
             client: _Client = key.data
             assert client.sock is not None
             data = client.sock.recv(65536)
             if data:
                 _consume(client, data)
                 continue
-            selector.unregister(client.sock)
-            client.sock.close()
-            client.ttfts.append(client.first_s - client.sent_s if client.first_s is not None else float("nan"))
-            if client.bodies:
-                _send_next(client, address, selector)
+            _next(client, address, selector)
     elapsed = time.perf_counter() - started
     selector.close()
     return LoadResult(elapsed, sum(c.n_tokens for c in clients), [t for c in clients for t in c.ttfts])
@@ -79,9 +91,32 @@ def _request(host: str, body: dict) -> bytes:
     return head.encode() + payload
 
 
+def _next(client: _Client, address: tuple[str, int], selector: selectors.BaseSelector) -> None:
+    """The client's reply has ended: its connection closed, the next request sent."""
+    assert client.sock is not None
+    selector.unregister(client.sock)
+    client.sock.close()
+    client.ttfts.append(client.first_s - client.sent_s if client.first_s is not None else float("nan"))
+    if client.bodies:
+        _send_next(client, address, selector)
+
+
+def _drain(client: _Client, address: tuple[str, int], selector: selectors.BaseSelector) -> None:
+    """After a quiet spell: what waits below the low-water mark; a reply ended by [DONE] is over."""
+    assert client.sock is not None
+    try:
+        data = client.sock.recv(65536, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        data = None
+    if data:
+        _consume(client, data)
+    if data == b"" or client.is_done:
+        _next(client, address, selector)
+
+
 def _send_next(client: _Client, address: tuple[str, int], selector: selectors.BaseSelector) -> None:
     client.sock = socket.create_connection(address)
-    client.buffer, client.head_checked, client.first_s = b"", False, None
+    client.buffer, client.head_checked, client.first_s, client.is_done = b"", False, None, False
     client.sent_s = time.perf_counter()
     client.sock.sendall(client.bodies.pop(0))
     selector.register(client.sock, selectors.EVENT_READ, client)
@@ -98,6 +133,8 @@ def _consume(client: _Client, data: bytes) -> None:
         client.head_checked = True
     *lines, client.buffer = client.buffer.split(b"\n")
     for line in lines:
+        if line.startswith(b"data: [DONE]"):
+            client.is_done = True
         if not line.startswith(b"data: {"):
             continue
         if client.first_s is None and CONTENT.search(line):

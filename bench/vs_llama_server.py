@@ -185,21 +185,29 @@ def main() -> None:
     rows = []
     for c in args.concurrency:
         shape = Shape(args.slots or c, args.ctx_per_slot, args.batch, args.threads)
-        ours_port, theirs_port = free_port(), free_port()
-        servers = [started(ours_command(model, shape, ours_port, ours_gpu), ours_port, c)]
+        ports = {"ours": free_port(), "theirs": free_port()}
+        commands = {"ours": ours_command(model, shape, ports["ours"], ours_gpu),
+                    "theirs": theirs_command(binary, model, shape, ports["theirs"], theirs_gpu)}
+        servers: dict[str, tuple[subprocess.Popen, str]] = {}
         try:
-            servers.append(started(theirs_command(binary, model, shape, theirs_port, theirs_gpu), theirs_port, c))
-            urls = {"ours": servers[0][1], "theirs": servers[1][1]}
+            for who in ("ours", "theirs"):
+                servers[who] = started(commands[who], ports[who], c)
             pairs = []
             for r in range(args.repeats):
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
-                    runs[who] = turn(urls[who], c, args.rounds, args.max_tokens, prompts, index=r)
+                    try:
+                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, index=r)
+                    except TimeoutError as exc:  # a server that stopped answering: started again, the turn again
+                        print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
+                        stop(servers.pop(who)[0])
+                        servers[who] = started(commands[who], ports[who], c)
+                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, index=r)
                     print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
                           f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
                 pairs.append(runs)
         finally:
-            for proc, _ in servers:
+            for proc, _ in servers.values():
                 stop(proc)
         med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
         rows.append([c, shape.slots, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),

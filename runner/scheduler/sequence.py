@@ -72,6 +72,8 @@ class Sequence:
             self._prompt_logprobs.append(TokenLogprob(token_id, chosen, tuple(top)))
 
     def _take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
+        if not self._prompt_logprobs:  # (the usual case, every token)
+            return ()
         out, self._prompt_logprobs = tuple(self._prompt_logprobs), []
         return out
 

@@ -114,10 +114,11 @@ class SlotPool:
     def __init__(self, n_slots: int) -> None:
         self.slots = [Slot(i) for i in range(n_slots)]
         self._clock = 0
+        self._busy: set[int] = set()  # ids of the slots occupied and not yet released
 
     @property
     def n_busy(self) -> int:
-        return sum(1 for s in self.slots if not s.is_free)
+        return len(self._busy)
 
     @property
     def n_free(self) -> int:
@@ -154,11 +155,13 @@ class SlotPool:
     def occupy(self, slot: Slot, seq: Sequence, n_reused: int) -> None:
         self._clock += 1
         slot.seq, slot.state, slot.last_used, slot.next_token = seq, SlotState.PREFILL, self._clock, None
+        self._busy.add(slot.id)
         slot.n_prompt, slot.n_prompt_reused, slot.n_passed_over = len(seq.prompt_ids), n_reused, 0
 
     def release(self, slot: Slot) -> None:
         self._clock += 1
         slot.seq, slot.state, slot.last_used, slot.next_token = None, SlotState.IDLE, self._clock, None
+        self._busy.discard(slot.id)
 
     def active(self) -> list[Slot]:
         return [s for s in self.slots if not s.is_free]

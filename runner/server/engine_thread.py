@@ -167,7 +167,7 @@ class EngineThread:
             except Exception as exc:  # noqa: BLE001 - keep serving; the failing step's requests get the error
                 self._report(exc)
                 self.engine.scheduler.fail_all(f"internal error: {exc}")
-            self._publish_queue(sum(len(c.requests) for c in commands if isinstance(c, _Submit)))
+            self._publish_queue(sum(len(c.requests) for c in commands if isinstance(c, _Submit)) if commands else 0)
 
     def _publish_queue(self, n_taken: int) -> None:
         """How full the queue is now, with the submits just taken from the inbox moved into it."""
