@@ -125,7 +125,7 @@ class SlotPool:
         return len(self.slots) - self.n_busy
 
     def has_free(self) -> bool:
-        return any(s.is_free for s in self.slots)
+        return len(self._busy) < len(self.slots)
 
     def place(self, prompt_ids: tuple[int, ...]) -> Placement:
         """Choose a free slot for a prompt, reusing the longest cached prefix found in ANY slot.
@@ -164,4 +164,5 @@ class SlotPool:
         self._busy.discard(slot.id)
 
     def active(self) -> list[Slot]:
-        return [s for s in self.slots if not s.is_free]
+        """The busy slots, in slot order."""
+        return [self.slots[i] for i in sorted(self._busy)]
