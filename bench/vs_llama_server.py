@@ -77,7 +77,8 @@ def ours_command(model: Path, shape: Shape, port: int, extra: tuple[str, ...] = 
 
 
 def theirs_command(binary: Path, model: Path, shape: Shape, port: int, extra: tuple[str, ...] = ()) -> list[str]:
-    # -c is the whole KV (split across -np slots); --no-kv-unified gives each slot its own stream, as runner does;
+    # -c is the whole KV (split across -np slots); with -np given, each slot has its own KV stream (kv_unified
+    # false, llama-server only unifies it when it picks the slot count itself), as runner does;
     # --no-repack where runner turns llama.cpp's extra weight buffers off too (a CPU with AMX: they crash there)
     same_buffers = () if uses_extra_buffers() else ("--no-repack",)
     return [str(binary), "-m", str(model), "--alias", ALIAS, "--port", str(port), "--host", "127.0.0.1",
@@ -210,7 +211,7 @@ def main() -> None:
             for proc, _ in servers.values():
                 stop(proc)
         med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
-        rows.append([c, shape.slots, med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
+        rows.append([c, shape.slots, len(pairs), med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
                      statistics.median(p["ours"].tokens_per_s / p["theirs"].tokens_per_s for p in pairs),
                      med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
                      statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
@@ -218,7 +219,7 @@ def main() -> None:
           f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)"
           + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else "")
           + (f", each prompt x{args.prompt_repeat}" if args.prompt_repeat > 1 else "") + "\n")
-    print_table(["clients", "slots", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
+    print_table(["clients", "slots", "pairs", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
                  "llama-server mean TTFT ms", "TTFT ours/theirs"], rows)
 
 
