@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from runner.sampling.params import SamplingParams
-from runner.sampling.sampler import Sampler, top_logprobs
+from runner.sampling.sampler import Sampler, top_k_ids, top_logprobs
 
 LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9], dtype=np.float32)
 
@@ -26,6 +26,29 @@ def test_top_k_keeps_only_k_candidates() -> None:
     dist = Sampler(SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)).distribution(LOGITS)
     assert dist.token_ids.tolist() == [1, 5]
     assert dist.probs.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked", "short"])
+def test_top_k_ids_are_the_k_largest_of_a_vocabulary_row(kind: str) -> None:
+    rng = np.random.default_rng(3)
+    n = 300 if kind == "short" else 49_157  # (not a multiple of the slices: the tail is searched too)
+    x = rng.standard_normal(n).astype(np.float32) * 4
+    if kind == "ties":
+        x = np.round(x)  # every value shared by thousands of ids
+    if kind == "masked":
+        x[rng.random(n) < 0.999] = -np.inf  # a grammar left ~50 tokens: fewer than some k below
+    x[-1] = x.max() + 1  # the largest sits in the tail past the last whole slice
+    for k in (1, 40, 255, 256, 299):
+        ids = top_k_ids(x, k)
+        assert len(set(ids.tolist())) == k and n - 1 in ids.tolist()
+        assert np.array_equal(np.sort(x[ids]), np.sort(x)[n - k:])
+
+
+def test_equal_logits_in_the_top_k_keep_the_lower_id_first() -> None:
+    x = np.zeros(1000, dtype=np.float32)
+    x[[700, 20, 400]] = 5.0
+    dist = Sampler(SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)).distribution(x)
+    assert dist.token_ids.tolist() == [20, 400, 700]
 
 
 def test_top_p_cuts_the_tail() -> None:
