@@ -113,7 +113,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False,
-           prompts: list[str] = PROMPTS, turn: int = 0) -> list[list[dict]]:
+           prompts: list[str] = PROMPTS, turn: int = 0, temperature: float = 0.0) -> list[list[dict]]:
     """Each client's requests in one turn; every prompt differs from every other in the run (a
     numbered question once the prompts are used up), so what a server reuses is only the chat
     template's common head."""
@@ -124,7 +124,7 @@ def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False
         return prompts[k % len(prompts)] if k < len(prompts) else f"Question {k}: {prompts[k % len(prompts)]}"
 
     return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}], "max_tokens": max_tokens,
-              "temperature": 0, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
+              "temperature": temperature, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
 
 
 def measure(command: list[str], port: int, concurrency: int, rounds: int, max_tokens: int,
@@ -138,9 +138,9 @@ def measure(command: list[str], port: int, concurrency: int, rounds: int, max_to
 
 
 def turn(url: str, concurrency: int, rounds: int, max_tokens: int, prompts: list[str] = PROMPTS,
-         index: int = 0) -> Run:
+         index: int = 0, temperature: float = 0.0) -> Run:
     """One turn: every client sends its requests one after another."""
-    load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index))
+    load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index, temperature=temperature))
     if load.n_tokens != concurrency * rounds * max_tokens:
         raise RuntimeError(f"{url} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
     return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens)
@@ -166,6 +166,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--slots", type=int, default=None, help="slots of both servers (default: one per client)")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy; above it both servers sample with their defaults (top-k 40, top-p 0.95, min-p 0.05)")
     ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another, per turn")
     ap.add_argument("--threads", type=int, default=physical_cores())
     ap.add_argument("--ctx-per-slot", type=int, default=1024)
@@ -198,12 +200,12 @@ def main() -> None:
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
                     try:
-                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, index=r)
+                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
                     except TimeoutError as exc:  # a server that stopped answering: started again, the turn again
                         print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
                         stop(servers.pop(who)[0])
                         servers[who] = started(commands[who], ports[who], c)
-                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, index=r)
+                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
                     print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
                           f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
                 pairs.append(runs)
@@ -216,7 +218,8 @@ def main() -> None:
                      med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
                      statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
     print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
-          f"{args.threads} threads, greedy, {args.repeats} pairs per row (medians)"
+          f"{args.threads} threads, " + (f"temperature {args.temperature:g}" if args.temperature else "greedy")
+          + f", {args.repeats} pairs per row (medians)"
           + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else "")
           + (f", each prompt x{args.prompt_repeat}" if args.prompt_repeat > 1 else "") + "\n")
     print_table(["clients", "slots", "pairs", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
