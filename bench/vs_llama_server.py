@@ -199,13 +199,16 @@ def main() -> None:
             for r in range(args.repeats):
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
-                    try:
-                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
-                    except TimeoutError as exc:  # a server that stopped answering: started again, the turn again
-                        print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
-                        stop(servers.pop(who)[0])
-                        servers[who] = started(commands[who], ports[who], c)
-                        runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
+                    for attempt in (1, 2):  # a server that stopped answering: started again, the turn again
+                        try:
+                            runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
+                            break
+                        except TimeoutError as exc:
+                            if attempt == 2:
+                                raise
+                            print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
+                            stop(servers.pop(who)[0])
+                            servers[who] = started(commands[who], ports[who], c)
                     print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
                           f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
                 pairs.append(runs)

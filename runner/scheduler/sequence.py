@@ -89,9 +89,6 @@ class Sequence:
         Returns how many drafts were accepted (they stay in the KV) and the token to feed next
         (None: the request finished)."""
         self._is_prompt_computed = True
-        if not draft_ids and self.sampler.params.is_greedy:  # one row, its argmax (verify() would say the same)
-            token_id = self.sampler.greedy_token(rows)
-            return 0, (token_id if self._commit(token_id, rows, 0, False, n_ctx_left) else None)
         verdict = verify(self.sampler, rows, draft_ids, draft_dists)
         self.n_draft_proposed += len(draft_ids)
         self.n_draft_accepted += verdict.n_accepted
