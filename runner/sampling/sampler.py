@@ -7,8 +7,11 @@ a numpy row over the logits view costs tens of microseconds per token at this vo
 
 from __future__ import annotations
 
+import math
 import os
+from bisect import bisect_left, bisect_right
 from collections import Counter
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -90,27 +93,15 @@ class Sampler:
         p = self.params
         if p.is_greedy:
             return Distribution(np.array([self.greedy_token(logits)]), np.array([1.0]))
-        x = self.adjusted_logits(logits)
-        n_vocab = x.shape[0]
-        if 0 < p.top_k < n_vocab:
-            ids = np.sort(top_k_ids(x, p.top_k))  # (sorted: equal logits keep the lower id first)
-        else:
-            ids = np.arange(n_vocab)
-        scaled = x[ids].astype(np.float64) / p.temperature
-        order = np.argsort(-scaled, kind="stable")
-        ids, scaled = ids[order], scaled[order]
-        probs = np.exp(scaled - scaled[0])
-        if self.masks:  # masked tokens have probability 0: never candidates
-            ids, probs = ids[probs > 0], probs[probs > 0]
-        probs /= probs.sum()
-        if p.min_p > 0.0:
-            n_keep = int(np.count_nonzero(probs >= p.min_p * probs[0]))
-            ids, probs = ids[:n_keep], probs[:n_keep]
-        if p.top_p < 1.0:
-            cum = np.cumsum(probs)
-            n_keep = int(np.searchsorted(cum, p.top_p * cum[-1])) + 1
-            ids, probs = ids[:n_keep], probs[:n_keep]
-        return Distribution(ids, probs / probs.sum())
+        x = self.adjusted_logits(logits.reshape(-1))  # (a block holding one row: that row)
+        k = p.top_k if p.top_k > 0 else len(x)
+        # min_p drops every token whose probability is below min_p times the largest: its logit lies more
+        # than T * ln(1 / min_p) below the largest (a little more spares rounding the exact test below)
+        span = p.temperature * -math.log(p.min_p) + 1e-3 if p.min_p > 0.0 else math.inf
+        ids = top_k_ids(x, k, span)  # (ascending: equal logits keep the lower id first)
+        if len(ids) <= FEW_CANDIDATES:
+            return _truncated_few(ids.tolist(), x[ids].tolist(), p, self.masks)
+        return _truncated_many(ids, x, p, self.masks)
 
     def greedy_token(self, logits: np.ndarray) -> int:
         """The most likely token of one row (or of a block holding one row: then no row is cut out,
@@ -129,29 +120,82 @@ class Sampler:
         return float(self._rng.random())
 
     def draw(self, dist: Distribution) -> int:
-        index = int(np.searchsorted(np.cumsum(dist.probs), self._rng.random() * dist.probs.sum(), side="right"))
-        return int(dist.token_ids[min(index, len(dist.token_ids) - 1)])
+        cum = list(accumulate(dist.probs.tolist()))
+        index = bisect_right(cum, self._rng.random() * cum[-1])
+        return int(dist.token_ids[min(index, len(cum) - 1)])
 
 
-TOP_K_CHUNKS = 256  # top_k_ids bounds the k-th largest logit by the maxima of this many slices of the row
+# Up to this many candidates (the top_k default is 40) the truncations run in plain Python: a sampled
+# token's ~30 numpy calls on a few dozen values cost ~300 us with numpy's code cold after a decode.
+FEW_CANDIDATES = 512
 
 
-def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the k largest values of x (0 < k < len(x)), in no particular order.
+def _truncated_few(ids: list[int], logits: list[float], p: SamplingParams, masked: bool) -> Distribution:
+    """Temperature, softmax, min_p and top_p over a few candidates (ids ascending): the steps of
+    _truncated_many, in plain Python."""
+    order = sorted(range(len(ids)), key=logits.__getitem__, reverse=True)  # (stable: ties keep the lower id)
+    scaled = [logits[i] / p.temperature for i in order]
+    ids = [ids[i] for i in order]
+    weights = [math.exp(v - scaled[0]) for v in scaled]
+    if masked:  # masked tokens have probability 0: never candidates
+        ids = [t for t, w in zip(ids, weights) if w > 0.0]
+        weights = [w for w in weights if w > 0.0]
+    total = sum(weights)
+    probs = [w / total for w in weights]
+    n_keep = len(probs)
+    if p.min_p > 0.0:
+        n_keep = sum(1 for q in probs if q >= p.min_p * probs[0])
+    if p.top_p < 1.0:
+        cum = list(accumulate(probs[:n_keep]))
+        n_keep = min(n_keep, bisect_left(cum, p.top_p * cum[-1]) + 1)
+    total = sum(probs[:n_keep])
+    return Distribution(np.array(ids[:n_keep]), np.array([q / total for q in probs[:n_keep]]))
 
-    np.argpartition over a 49k-token row took ~0.5 ms, the most of a sampled token's time outside
-    llama_decode. The k-th largest of the maxima of disjoint slices is a value that k entries
-    reach, so the k largest entries all lie at or above it: usually a few hundred entries, which
-    are partitioned instead of the whole row."""
+
+def _truncated_many(ids: np.ndarray, x: np.ndarray, p: SamplingParams, masked: bool) -> Distribution:
+    """Temperature, softmax, min_p and top_p over the candidates `ids` (ascending) of the row x."""
+    scaled = x[ids].astype(np.float64) / p.temperature
+    order = np.argsort(-scaled, kind="stable")
+    ids, scaled = ids[order], scaled[order]
+    probs = np.exp(scaled - scaled[0])
+    if masked:
+        ids, probs = ids[probs > 0], probs[probs > 0]
+    probs /= probs.sum()
+    if p.min_p > 0.0:
+        n_keep = int(np.count_nonzero(probs >= p.min_p * probs[0]))
+        ids, probs = ids[:n_keep], probs[:n_keep]
+    if p.top_p < 1.0:
+        cum = np.cumsum(probs)
+        n_keep = int(np.searchsorted(cum, p.top_p * cum[-1])) + 1
+        ids, probs = ids[:n_keep], probs[:n_keep]
+    return Distribution(ids, probs / probs.sum())
+
+
+FIRST_DISTANCE = 8.0  # top_k_ids first looks this far below the largest logit, then 4x as far, ...
+FAR = 1000.0  # ... and past this (no real row of logits spans it: a grammar's -inf mask) at everything
+
+
+def top_k_ids(x: np.ndarray, k: int, span: float = math.inf) -> np.ndarray:
+    """The ids of the k largest values of x, ascending, leaving out those more than `span` below
+    the largest (min_p's bound): exactly k of them when span is infinite.
+
+    np.argpartition over a 49k-token row took ~0.5 ms. After a decode every distinct numpy
+    operation runs cold (~20-60 us for its first call), so this uses few: the largest value, the
+    entries within a distance of it that grows until k lie there (the k largest all do), and a
+    partition of just those, usually a few dozen."""
     n = len(x)
-    n_chunks = min(TOP_K_CHUNKS, n)
-    if k < n_chunks:
-        width = n // n_chunks
-        maxima = x[: n_chunks * width].reshape(n_chunks, width).max(axis=1)
-        candidates = np.flatnonzero(x >= np.partition(maxima, n_chunks - k)[n_chunks - k])
-        if len(candidates) >= k:  # (always, unless the row holds NaN)
-            return candidates[np.argpartition(x[candidates], len(candidates) - k)[len(candidates) - k :]]
-    return np.argpartition(x, n - k)[n - k :]
+    if k >= n and span == math.inf:
+        return np.arange(n)
+    top = float(x[int(x.argmax())])
+    distance = min(FIRST_DISTANCE, span)
+    while True:
+        candidates = np.flatnonzero(x >= top - distance)
+        if len(candidates) >= k or distance >= span:
+            break
+        distance = min(distance * 4, span) if distance < FAR else math.inf
+    if len(candidates) <= k:
+        return candidates
+    return np.sort(candidates[np.argpartition(x[candidates], len(candidates) - k)[len(candidates) - k :]])
 
 
 def top_logprobs(logits: np.ndarray, token_id: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:

@@ -59,7 +59,7 @@ def verify(sampler: Sampler, rows: np.ndarray, draft_ids: list[int], draft_dists
             return Verdict(committed + [sampler.draw(residual(p, q))], i)
         committed.append(draft)
         sampler.accept(draft)
-    bonus = sampler.distribution(rows[len(draft_ids)])
+    bonus = sampler.distribution(rows[len(draft_ids)] if draft_ids else rows)  # (no drafts: the block is that row)
     token = int(bonus.token_ids[0]) if len(bonus.token_ids) == 1 else sampler.draw(bonus)
     return Verdict(committed + [token], len(draft_ids))
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from runner.sampling.params import SamplingParams
-from runner.sampling.sampler import Sampler, top_k_ids, top_logprobs
+from runner.sampling.sampler import Sampler, _truncated_few, _truncated_many, top_k_ids, top_logprobs
 
 LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9], dtype=np.float32)
 
@@ -42,6 +42,11 @@ def test_top_k_ids_are_the_k_largest_of_a_vocabulary_row(kind: str) -> None:
         ids = top_k_ids(x, k)
         assert len(set(ids.tolist())) == k and n - 1 in ids.tolist()
         assert np.array_equal(np.sort(x[ids]), np.sort(x)[n - k:])
+        for span in (0.5, 6.0, 30.0):  # min_p's bound: only the k largest within span of the largest
+            ids = top_k_ids(x, k, span)
+            expected = np.sort(x)[n - k:]
+            assert len(set(ids.tolist())) == len(ids) and n - 1 in ids.tolist()
+            assert np.array_equal(np.sort(x[ids]), expected[expected >= x.max() - span])
 
 
 def test_equal_logits_in_the_top_k_keep_the_lower_id_first() -> None:
@@ -49,6 +54,25 @@ def test_equal_logits_in_the_top_k_keep_the_lower_id_first() -> None:
     x[[700, 20, 400]] = 5.0
     dist = Sampler(SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)).distribution(x)
     assert dist.token_ids.tolist() == [20, 400, 700]
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked"])
+@pytest.mark.parametrize("temperature, min_p, top_p", [(1.0, 0.0, 1.0), (0.8, 0.05, 0.95), (1.5, 0.0, 0.5),
+                                                       (1.2, 0.2, 1.0)])
+def test_the_plain_python_truncation_of_few_candidates_matches_numpys(kind: str, temperature: float, min_p: float,
+                                                                     top_p: float) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(200).astype(np.float32)
+    if kind == "ties":
+        x = np.round(x)
+    if kind == "masked":
+        x[rng.random(200) < 0.8] = -np.inf
+    p = SamplingParams(temperature=temperature, min_p=min_p, top_p=top_p)
+    ids = np.arange(200)
+    few, many = _truncated_few(ids.tolist(), x.tolist(), p, kind == "masked"), _truncated_many(ids, x, p, kind == "masked")
+    assert few.token_ids.tolist() == many.token_ids.tolist()
+    assert np.allclose(few.probs, many.probs, rtol=1e-12, atol=0)
+    assert 1 < len(few.token_ids) < 200 or (min_p, top_p) == (0.0, 1.0)
 
 
 def test_top_p_cuts_the_tail() -> None:
