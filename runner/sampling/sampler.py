@@ -99,6 +99,8 @@ class Sampler:
         # than T * ln(1 / min_p) below the largest (a little more spares rounding the exact test below)
         span = p.temperature * -math.log(p.min_p) + 1e-3 if p.min_p > 0.0 else math.inf
         ids = top_k_ids(x, k, span)  # (ascending: equal logits keep the lower id first)
+        if len(ids) == 1:  # (often, with min_p: nothing else within its reach)
+            return Distribution(ids, np.array([1.0]))
         if len(ids) <= FEW_CANDIDATES:
             return _truncated_few(ids.tolist(), x[ids].tolist(), p, self.masks)
         return _truncated_many(ids, x, p, self.masks)

@@ -86,6 +86,13 @@ def test_min_p_drops_unlikely_tokens() -> None:
     assert sorted(dist.token_ids.tolist()) == [1, 2, 5]
 
 
+def test_min_p_leaving_one_token_gives_a_point_mass_without_drawing() -> None:
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.95, seed=3))
+    dist = s.distribution(LOGITS)  # exp(2.9 - 3) = 0.90 < 0.95: only token 1 is within reach
+    assert dist.token_ids.tolist() == [1] and dist.probs.tolist() == [1.0]
+    assert s.sample(LOGITS) == 1 and s.uniform() == Sampler(SamplingParams(seed=3)).uniform()
+
+
 def test_empirical_distribution_follows_softmax() -> None:
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1))
     counts = np.bincount([s.sample(LOGITS) for _ in range(20000)], minlength=len(LOGITS))
