@@ -122,8 +122,14 @@ class Sampler:
         return float(self._rng.random())
 
     def draw(self, dist: Distribution) -> int:
-        cum = list(accumulate(dist.probs.tolist()))
-        index = bisect_right(cum, self._rng.random() * cum[-1])
+        """One token of the distribution (the running sums in plain Python for a few candidates, in
+        numpy for many: the same sums, so the same token for the same seed)."""
+        if len(dist.probs) <= FEW_CANDIDATES:
+            cum: list[float] | np.ndarray = list(accumulate(dist.probs.tolist()))
+            index = bisect_right(cum, self._rng.random() * cum[-1])
+        else:
+            cum = np.cumsum(dist.probs)
+            index = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
         return int(dist.token_ids[min(index, len(cum) - 1)])
 
 

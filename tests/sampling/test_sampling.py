@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
+from runner.sampling import sampler
 from runner.sampling.params import SamplingParams
-from runner.sampling.sampler import Sampler, _truncated_few, _truncated_many, top_k_ids, top_logprobs
+from runner.sampling.sampler import Distribution, Sampler, _truncated_few, _truncated_many, top_k_ids, top_logprobs
 
 LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9], dtype=np.float32)
 
@@ -91,6 +92,15 @@ def test_min_p_leaving_one_token_gives_a_point_mass_without_drawing() -> None:
     dist = s.distribution(LOGITS)  # exp(2.9 - 3) = 0.90 < 0.95: only token 1 is within reach
     assert dist.token_ids.tolist() == [1] and dist.probs.tolist() == [1.0]
     assert s.sample(LOGITS) == 1 and s.uniform() == Sampler(SamplingParams(seed=3)).uniform()
+
+
+def test_a_draw_takes_the_same_token_in_plain_python_as_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    probs = np.random.default_rng(1).random(1000)
+    dist = Distribution(np.arange(1000), probs / probs.sum())
+    in_numpy, in_python = Sampler(SamplingParams(seed=5)), Sampler(SamplingParams(seed=5))
+    tokens = [in_numpy.draw(dist) for _ in range(2000)]  # (1000 > FEW_CANDIDATES: numpy's running sums)
+    monkeypatch.setattr(sampler, "FEW_CANDIDATES", 1000)
+    assert [in_python.draw(dist) for _ in range(2000)] == tokens
 
 
 def test_empirical_distribution_follows_softmax() -> None:
