@@ -13,12 +13,17 @@ a pair is one turn each, in the order ours-theirs, theirs-ours, ... so that each
 TTFT is the time from sending a request to its first content chunk, over every request of a turn;
 requests are sent one after another per client, so from the second on, a client's request
 arrives while the others' replies are decoding.
+
+--count-graphs preloads bench/graph_counter.c into both servers (a C compiler builds it) and adds
+the graph runs a turn took (llama.cpp's micro-batches) and the turn's time outside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
+import struct
 import statistics
 import subprocess
 import sys
@@ -39,6 +44,8 @@ from runner.runtime.llama import uses_extra_buffers  # noqa: E402
 WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
 ALIAS = "bench"
 DEFAULT_LLAMA_SERVER = Path(__file__).parent.parent / ".cache/llama-server"
+GRAPH_COUNTER_SOURCE = Path(__file__).parent / "graph_counter.c"
+GRAPH_COUNTER_LIB = Path(__file__).parent.parent / ".cache/graph_counter.so"
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,32 @@ class Run:
     tokens_per_s: float
     mean_ttft_s: float
     n_tokens: int
+    n_graphs: int = 0  # graph runs (with --count-graphs)
+    outside_graphs_s: float = 0.0  # the turn's time outside them
+
+
+class GraphCounter:
+    """A server's graph runs and the time in them, read from the file graph_counter.c maps."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @staticmethod
+    def build() -> Path:
+        if not GRAPH_COUNTER_LIB.exists() or GRAPH_COUNTER_LIB.stat().st_mtime < GRAPH_COUNTER_SOURCE.stat().st_mtime:
+            GRAPH_COUNTER_LIB.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(GRAPH_COUNTER_LIB), str(GRAPH_COUNTER_SOURCE),
+                            "-ldl"], check=True)
+        return GRAPH_COUNTER_LIB
+
+    def env(self) -> dict[str, str]:
+        self.path.unlink(missing_ok=True)
+        return {**os.environ, "LD_PRELOAD": str(self.build()), "GRAPH_COUNTER_FILE": str(self.path)}
+
+    def read(self) -> tuple[int, float]:
+        """(graph runs, seconds in them) so far."""
+        n, ns = struct.unpack("<QQ", self.path.read_bytes()[:16]) if self.path.exists() else (0, 0)
+        return n, ns / 1e9
 
 
 def free_port() -> int:
@@ -86,8 +119,8 @@ def theirs_command(binary: Path, model: Path, shape: Shape, port: int, extra: tu
             "-t", str(shape.threads), "-tb", str(shape.threads), "--no-webui", "--jinja", *same_buffers, *extra]
 
 
-def serve(command: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def serve(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -138,17 +171,21 @@ def measure(command: list[str], port: int, concurrency: int, rounds: int, max_to
 
 
 def turn(url: str, concurrency: int, rounds: int, max_tokens: int, prompts: list[str] = PROMPTS,
-         index: int = 0, temperature: float = 0.0) -> Run:
+         index: int = 0, temperature: float = 0.0, counter: GraphCounter | None = None) -> Run:
     """One turn: every client sends its requests one after another."""
+    n0, s0 = counter.read() if counter else (0, 0.0)
     load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index, temperature=temperature))
     if load.n_tokens != concurrency * rounds * max_tokens:
         raise RuntimeError(f"{url} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
-    return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens)
+    n1, s1 = counter.read() if counter else (0, 0.0)
+    return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens, n1 - n0,
+               load.elapsed_s - (s1 - s0))
 
 
-def started(command: list[str], port: int, concurrency: int) -> tuple[subprocess.Popen, str]:
+def started(command: list[str], port: int, concurrency: int,
+            env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """A server up and warmed (weights paged in, graphs built for this many clients)."""
-    proc = serve(command, port)
+    proc = serve(command, port, env)
     url = f"http://127.0.0.1:{port}"
     try:
         run_clients(url, bodies(concurrency, 1, 8, warm_up=True))
@@ -177,6 +214,8 @@ def main() -> None:
                                                          "(default: each server's own, auto for both)")
     ap.add_argument("--prompt-repeat", type=int, default=1,
                     help="each prompt this many times over (a long prompt: TTFT then measures prefill)")
+    ap.add_argument("--count-graphs", action="store_true",
+                    help="also the graph runs a turn took on each server, and its time outside them")
     args = ap.parse_args()
     ours_gpu, theirs_gpu = gpu_flags(args.gpu_layers)
     prompts = [" ".join([p] * args.prompt_repeat) for p in PROMPTS]
@@ -191,42 +230,53 @@ def main() -> None:
         ports = {"ours": free_port(), "theirs": free_port()}
         commands = {"ours": ours_command(model, shape, ports["ours"], ours_gpu),
                     "theirs": theirs_command(binary, model, shape, ports["theirs"], theirs_gpu)}
+        counters = {who: GraphCounter(Path(f"/tmp/runner-bench-graphs-{os.getpid()}-{who}")) for who in ports}
+        envs = {who: counters[who].env() if args.count_graphs else None for who in ports}
         servers: dict[str, tuple[subprocess.Popen, str]] = {}
         try:
             for who in ("ours", "theirs"):
-                servers[who] = started(commands[who], ports[who], c)
+                servers[who] = started(commands[who], ports[who], c, envs[who])
             pairs = []
             for r in range(args.repeats):
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
                     for attempt in (1, 2):  # a server that stopped answering: started again, the turn again
                         try:
-                            runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature)
+                            runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature,
+                                             counters[who] if args.count_graphs else None)
                             break
                         except TimeoutError as exc:
                             if attempt == 2:
                                 raise
                             print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
                             stop(servers.pop(who)[0])
-                            servers[who] = started(commands[who], ports[who], c)
+                            servers[who] = started(commands[who], ports[who], c, envs[who])
                     print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
-                          f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms", file=sys.stderr)
+                          f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms"
+                          + (f", {runs[who].n_graphs} graphs, {runs[who].outside_graphs_s:.2f} s outside them"
+                             if args.count_graphs else ""), file=sys.stderr)
                 pairs.append(runs)
         finally:
             for proc, _ in servers.values():
                 stop(proc)
+            for counter in counters.values():
+                counter.path.unlink(missing_ok=True)
         med = lambda who, f: statistics.median(f(p[who]) for p in pairs)  # noqa: E731
         rows.append([c, shape.slots, len(pairs), med("ours", lambda x: x.tokens_per_s), med("theirs", lambda x: x.tokens_per_s),
                      statistics.median(p["ours"].tokens_per_s / p["theirs"].tokens_per_s for p in pairs),
                      med("ours", lambda x: x.mean_ttft_s) * 1000, med("theirs", lambda x: x.mean_ttft_s) * 1000,
-                     statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)])
+                     statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)]
+                    + ([med(who, f) for f in (lambda x: x.n_graphs, lambda x: x.outside_graphs_s) for who in ("ours", "theirs")]
+                       if args.count_graphs else []))
     print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
           f"{args.threads} threads, " + (f"temperature {args.temperature:g}" if args.temperature else "greedy")
           + f", {args.repeats} pairs per row (medians)"
           + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else "")
           + (f", each prompt x{args.prompt_repeat}" if args.prompt_repeat > 1 else "") + "\n")
     print_table(["clients", "slots", "pairs", "ours tok/s", "llama-server tok/s", "throughput ours/theirs", "ours mean TTFT ms",
-                 "llama-server mean TTFT ms", "TTFT ours/theirs"], rows)
+                 "llama-server mean TTFT ms", "TTFT ours/theirs"]
+                + (["ours graphs/turn", "llama-server graphs/turn", "ours s outside graphs/turn",
+                    "llama-server s outside graphs/turn"] if args.count_graphs else []), rows)
 
 
 if __name__ == "__main__":
