@@ -16,6 +16,8 @@ class FakeRuntime:
         self.batches: list[list[tuple[int, list[int], int, int]]] = []
         self.copies: list[tuple[int, int]] = []
         self.n_padding_tokens = 0
+        self.forgotten: set[int] = set()  # sequences whose cached prefix a sliding window has let go of
+        self.checkpoints: dict[int, int] = {}  # the prompt end a sequence can still continue from
 
     def decode(self, rows: list[BatchRow]) -> list[np.ndarray]:
         self.batches.append([(r.seq_id, list(r.token_ids), r.first_pos, r.n_logits) for r in rows])
@@ -33,11 +35,21 @@ class FakeRuntime:
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         assert p1 == -1
         del self.kv.setdefault(seq_id, [])[p0:]
+        if self.checkpoints.get(seq_id, -1) > p0:
+            del self.checkpoints[seq_id]
         return True
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
         self.kv[dst_seq] = list(self.kv.get(src_seq, []))
         self.copies.append((src_seq, dst_seq))
+
+    def usable_prefix(self, seq_id: int, n_keep: int) -> int:
+        if seq_id not in self.forgotten:
+            return n_keep
+        return self.checkpoints[seq_id] if self.checkpoints.get(seq_id, n_keep + 1) <= n_keep else 0
+
+    def checkpoint(self, seq_id: int, n_tokens: int) -> None:
+        self.checkpoints[seq_id] = n_tokens
 
     # the Vocab protocol
     def token_bytes(self, token_id: int) -> bytes:

@@ -81,6 +81,10 @@ class EngineOptions:
                                        "same cold or cached, alone, under load and with speculation (costs: "
                                        "docs/benchmarks.md); off: never pad, micro-batches of up to 512",
                                        choices=("off", "on"))
+    swa_full: str = _opt("off", "sliding-window layers (gemma 2/3's): off keeps only their window of KV, as "
+                                "llama-server does (a prefix cached past it is read again, or from the last "
+                                "prompt's end); on keeps it as long as the context (any cached prefix "
+                                "serves; several times the KV memory)", choices=("off", "on"))
 
 
 def flash_attention(options: EngineOptions) -> str:

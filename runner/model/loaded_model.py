@@ -127,6 +127,11 @@ class LoadedModel:
                 kv_type=self.options.kv_type,
                 flash_attn=flash_attention(self.options),
                 n_ubatch_max=micro_batch_max(self.options),
+                # off: sliding-window layers keep only their window (gemma-3-270m's 15 at 32k: ~15 MiB,
+                # not 480, and a long prompt's steps attend that, not the whole context); a prefix
+                # cached past it is continued from a checkpoint or computed again
+                # (Scheduler._place asks ModelRunner.usable_prefix)
+                swa_full=self.options.swa_full == "on",
             )
             self.runner = ModelRunner(self.model, shape, may_pad=self.options.batch_invariant == "on")
             self.projector = self._projector()

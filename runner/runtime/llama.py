@@ -221,6 +221,7 @@ class Model:
         self.n_embd: int = _lc.llama_model_n_embd(self._ptr)
         self.n_embd_out: int = _lc.llama_model_n_embd_out(self._ptr)  # a hidden row's width (MTP's input)
         self.n_layer_nextn: int = _lc.llama_model_n_layer_nextn(self._ptr)  # MTP layers in the file
+        self.n_swa: int = _lc.llama_model_n_swa(self._ptr)  # a sliding-window layer's window (0: none)
         self.architecture = self.meta("general.architecture") or ""
         # a recurrent or hybrid model (Mamba, Qwen3.5, Qwen3-Next) keeps a state that removing KV
         # positions does not roll back
@@ -356,6 +357,9 @@ class ContextShape:
     flash_attn: str = "auto"  # auto (llama.cpp decides), on, off
     n_ubatch_max: int = N_UBATCH_MAX  # tokens per micro-batch (llama.cpp's n_ubatch), at most
     n_junk_max: int = 0  # tokens a batch may carry beyond n_batch: the junk tokens of batch padding
+    # a sliding-window layer's KV as long as the context (llama.cpp's default), or only the window
+    # and a micro-batch (as llama-server keeps it): a prefix cached past the window is then gone
+    swa_full: bool = True
 
     @property
     def n_ubatch(self) -> int:
@@ -460,6 +464,7 @@ class Context:
         params.n_threads = shape.n_threads
         params.n_threads_batch = shape.n_threads
         params.kv_unified = shape.kv_unified
+        params.swa_full = shape.swa_full
         # the KV types are the names in options.KV_BYTES_PER_VALUE
         params.type_k = params.type_v = getattr(_lc, f"GGML_TYPE_{shape.kv_type.upper()}")
         flash_attn = "on" if shape.kv_type != "f16" and shape.flash_attn == "auto" else shape.flash_attn
@@ -560,6 +565,25 @@ class Context:
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of a sequence (p1 < 0: to the end)."""
         return bool(_lc.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+
+    def kv_pos_min(self, seq_id: int) -> int:
+        """The first position a sequence's KV still holds in every layer (-1: none)."""
+        return int(_lc.llama_memory_seq_pos_min(self._memory, seq_id))
+
+    def window_state(self, seq_id: int) -> ctypes.Array:
+        """A copy of one sequence's sliding-window layers' KV (llama.cpp's SWA-only state)."""
+        flags = _lc.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY
+        size = _lc.llama_state_seq_get_size_ext(self._ptr, seq_id, flags)
+        state = (ctypes.c_uint8 * size)()
+        if _lc.llama_state_seq_get_data_ext(self._ptr, state, size, seq_id, flags) != size:
+            raise RuntimeError(f"llama.cpp could not copy sequence {seq_id}'s window: {recent_log(2)}")
+        return state
+
+    def restore_window_state(self, seq_id: int, state: ctypes.Array) -> None:
+        """Put a window_state() back as a sequence's sliding-window layers' KV (replacing theirs)."""
+        flags = _lc.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY
+        if _lc.llama_state_seq_set_data_ext(self._ptr, state, len(state), seq_id, flags) == 0:
+            raise RuntimeError(f"llama.cpp could not restore sequence {seq_id}'s window: {recent_log(2)}")
 
     def kv_copy(self, src_seq: int, dst_seq: int, p0: int = 0, p1: int = -1) -> None:
         _lc.llama_memory_seq_cp(self._memory, src_seq, dst_seq, p0, p1)

@@ -66,6 +66,10 @@ class ModelRunner:
         # where it ends, positions saved by the spans up to its end), in order. Callers speak token
         # indices; only this class turns them into positions.
         self._saved: dict[int, list[tuple[int, int, int]]] = {}
+        # a model with sliding-window layers whose KV holds only the window: its width, and per
+        # sequence the window's KV saved at a prompt's end (token count, llama.cpp's state)
+        self.window = model.n_swa if not shape.swa_full else 0
+        self._checkpoints: dict[int, tuple[int, object]] = {}
 
     def decode(self, rows: Sequence[DecodeRow]) -> list[np.ndarray]:
         """Put every row into one batch, run one llama_decode; returns each row's logits rows
@@ -175,10 +179,45 @@ class ModelRunner:
         if self._trace:
             self._record(["kv_remove", [seq_id, p0, p1]])
         removed = self.context.kv_remove(seq_id, self._pos(seq_id, p0), self._pos(seq_id, p1) if p1 >= 0 else -1)
+        if self.window:
+            self._rewind_window(seq_id, p0)
         spans = self._saved.get(seq_id)
         if removed and spans and p1 < 0:  # (the spans that ended past p0 are gone)
             self._saved[seq_id] = [span for span in spans if span[1] <= p0]
         return removed
+
+    # -- sliding-window layers (ContextShape.swa_full off: they keep their window and a micro-batch) --
+    def usable_prefix(self, seq_id: int, n_keep: int) -> int:
+        """How many of a sequence's first n_keep cached tokens a continuation can keep: all of them
+        while its sliding-window layers still hold the cells the token after them sees; else as
+        many as its checkpoint holds (a prompt's end), or none."""
+        if self.window == 0 or n_keep == 0 or self._window_holds(seq_id, n_keep):
+            return n_keep
+        checkpoint = self._checkpoints.get(seq_id)
+        return checkpoint[0] if checkpoint is not None and checkpoint[0] <= n_keep else 0
+
+    def checkpoint(self, seq_id: int, n_tokens: int) -> None:
+        """Keep a copy of the window's KV as it is after a sequence's first n_tokens (a prompt's end):
+        a later prompt sharing those but not what followed (an agent's next turn, whose earlier
+        reply comes back re-rendered) continues from there instead of computing them all again."""
+        if self.window:
+            self._checkpoints[seq_id] = (n_tokens, self.context.window_state(seq_id))
+
+    def _window_holds(self, seq_id: int, n_tokens: int) -> bool:
+        """Whether the sliding-window layers hold what the token after a sequence's first n_tokens sees."""
+        return self.context.kv_pos_min(seq_id) <= max(0, self._pos(seq_id, n_tokens) - self.window)
+
+    def _rewind_window(self, seq_id: int, p0: int) -> None:
+        """After a removal from token p0 on: a checkpoint past p0 is stale; one at p0 is put back where
+        the window no longer holds what continuing at p0 needs."""
+        checkpoint = self._checkpoints.get(seq_id)
+        if checkpoint is None or checkpoint[0] < p0:
+            return
+        if checkpoint[0] > p0:
+            del self._checkpoints[seq_id]
+        elif p0 > 0 and not self._window_holds(seq_id, p0):
+            self.context.restore_window_state(seq_id, checkpoint[1])
+            self.context.kv_remove(seq_id, self._pos(seq_id, p0), -1)  # (cells past it, if any were saved)
 
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None:
         """Make dst's KV a copy of src's (one stream per slot: llama.cpp copies whole streams)."""
@@ -186,6 +225,10 @@ class ModelRunner:
             self._record(["kv_copy_all", [src_seq, dst_seq]])
         self.context.kv_copy(src_seq, dst_seq, -1, -1)
         self._saved[dst_seq] = list(self._saved.get(src_seq, []))
+        if src_seq in self._checkpoints:  # (a window state restores into any sequence)
+            self._checkpoints[dst_seq] = self._checkpoints[src_seq]
+        else:
+            self._checkpoints.pop(dst_seq, None)
 
     def _record(self, op: list) -> None:
         """Keep one op; they reach the file (a JSON line each) at least every TRACE_FLUSH_S.

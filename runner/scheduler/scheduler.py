@@ -55,6 +55,8 @@ def check_prompt_length(n_prompt: int, n_ctx_per_slot: int) -> None:
 class KvOps(Protocol):
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
+    def usable_prefix(self, seq_id: int, n_keep: int) -> int: ...
+    def checkpoint(self, seq_id: int, n_tokens: int) -> None: ...
 
 
 class Scheduler:
@@ -240,6 +242,7 @@ class Scheduler:
     def _take_prompt_end(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
         """The prompt's last chunk: its last logits give the reply's first token."""
         rows = _score_prompt(row, seq, rows)
+        self._kv.checkpoint(row.slot.id, row.slot.n_cached + len(row.token_ids) - len(row.draft_ids))
         row.slot.state = SlotState.GENERATING
         self._take_tokens(row, seq, rows)
 
@@ -314,14 +317,14 @@ class Scheduler:
     def _place(self, seq: Sequence) -> Slot:
         """A free slot for seq, holding the longest cached prefix of its prompt found in any slot."""
         place = self.pool.place(seq.prompt_ids)
-        if seq.request.prompt_logprobs is not None:  # every prompt position's logits are wanted: compute it all
-            place = Placement(place.slot, 0)
-        slot, n_keep = place.slot, seq.request.media_start_before(place.n_keep)
-        if place.copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
-            self._kv.kv_copy_all(place.copy_from.id, slot.id)
+        # every prompt position's logits wanted (prompt logprobs): compute it all
+        n_keep = 0 if seq.request.prompt_logprobs is not None else self._continuable(seq, place)
+        slot, copy_from = place.slot, place.copy_from if n_keep else None
+        if copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
+            self._kv.kv_copy_all(copy_from.id, slot.id)
             if self.on_kv_copy is not None:
-                self.on_kv_copy(place.copy_from.id, slot.id)
-            slot.replace(place.copy_from.cached_ids)
+                self.on_kv_copy(copy_from.id, slot.id)
+            slot.replace(copy_from.cached_ids)
             self.n_copied_prompt_tokens += n_keep
         if n_keep < slot.n_cached:
             self._kv.kv_remove(slot.id, n_keep, -1)
@@ -329,6 +332,13 @@ class Scheduler:
         seq.n_cached_prompt = n_keep
         self.pool.occupy(slot, seq, n_keep)
         return slot
+
+    def _continuable(self, seq: Sequence, place: Placement) -> int:
+        """How much of the placement's cached prefix the prompt continues: whole images only, and what
+        the runtime can still continue from (sliding-window layers may have let go of it)."""
+        n_keep = seq.request.media_start_before(place.n_keep)
+        usable = self._kv.usable_prefix((place.copy_from or place.slot).id, n_keep)
+        return usable if seq.request.media_start_before(usable) == usable else 0
 
     def _park(self, seq: Sequence) -> Slot:
         """A slot for a member of a group that starts whole: it waits there, empty and without rows,

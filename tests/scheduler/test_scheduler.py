@@ -163,6 +163,43 @@ def test_prefix_held_by_a_busy_slot_is_copied_into_a_free_one() -> None:
     assert ev[-1].usage.cached_tokens == 100
 
 
+def test_a_prefix_a_sliding_window_let_go_of_is_computed_again_or_from_its_checkpoint() -> None:
+    """A slot whose sliding-window layers no longer hold what follows its prefix recomputes the
+    prompt from its first token, in its own slot or copied; or from its last prompt's end, where the
+    runtime kept the window's state (a checkpoint) and the new prompt shares that much."""
+    engine, rt = make_engine(n_slots=1)
+    submit(engine, "x", [1, 2, 3, 4, 5, 6], max_tokens=1)
+    run_all(engine)
+    rt.forgotten.add(0)
+    ev = submit(engine, "y", [1, 2, 3, 4, 9], max_tokens=1)
+    run_all(engine)
+    assert rt.batches[-1] == [(0, [1, 2, 3, 4, 9], 0, 1)]
+    assert ev[-1].usage.cached_tokens == 0
+
+    engine, rt = make_engine(n_slots=2, n_batch=256)
+    system = long_prompt(1)
+    submit(engine, "busy", system + [45], max_tokens=30)
+    engine.step()
+    engine.step()
+    rt.forgotten.add(0)
+    ev = submit(engine, "next", system + [46, 47], max_tokens=2)
+    engine.step()
+    assert rt.copies == []  # nothing worth copying
+    assert rt.batches[-1][-1] == (1, system + [46, 47], 0, 1)
+    run_all(engine)
+    assert ev[-1].usage.cached_tokens == 0
+
+    engine, rt = make_engine(n_slots=1)
+    submit(engine, "x", [1, 2, 3, 4, 5, 6], max_tokens=3)  # the KV: the prompt, then 7 and 8
+    run_all(engine)
+    assert rt.checkpoints == {0: 6}
+    rt.forgotten.add(0)
+    ev = submit(engine, "y", [1, 2, 3, 4, 5, 6, 7, 30], max_tokens=1)
+    run_all(engine)
+    assert rt.batches[-1] == [(0, [7, 30], 6, 1)]
+    assert ev[-1].usage.cached_tokens == 6
+
+
 def test_short_shared_prefix_is_recomputed_not_copied() -> None:
     engine, rt = make_engine(n_slots=2)
     submit(engine, "a", [1, 2, 3, 4, 5, 6], max_tokens=20)

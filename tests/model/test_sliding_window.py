@@ -1,0 +1,106 @@
+"""gemma 3's sliding-window layers keep only their window and a micro-batch (swa_full off): a prefix
+cached past that is computed again, or from the last prompt's end where a checkpoint kept the
+window there; a prompt that continues the cache keeps it; and every time the reply is the one a cold
+slot gives."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.python_api.runner import Runner
+
+pytestmark = pytest.mark.model
+
+HEAD = "The history of the river town, told one year at a time. "
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path) -> Iterator[Runner]:
+    r = Runner(gemma_path, log=lambda _: None, ctx_size=4096)
+    yield r
+    r.close()
+
+
+def ids(r: Runner, text: str) -> tuple[int, ...]:
+    return tuple(r.loaded.model.tokenize(text))
+
+
+def reply(r: Runner, prompt: tuple[int, ...], n: int = 6) -> tuple[list[tuple[int, float]], int]:
+    """Greedy tokens (n of them) with their logprobs, and how many prompt tokens came from the cache."""
+    request = dataclasses.replace(r.request(prompt, max_tokens=n, temperature=0), ignore_eos=True, n_top_logprobs=0)
+    events = list(r.stream(request))
+    return [(t.token_id, t.logprob) for e in events for t in e.logprobs], events[-1].usage.cached_tokens
+
+
+def cold(r: Runner, prompt: tuple[int, ...], n: int = 6) -> list[int]:
+    """The greedy tokens from an empty slot (the numbers may differ in the last bits from a cached
+    run's: F16 sums over the KV cells in the order they lie)."""
+    r.loaded.runner.kv_remove(0, 0, -1)
+    r.loaded.engine.scheduler.pool.slots[0].truncate(0)
+    return token_ids(reply(r, prompt, n)[0])
+
+
+def token_ids(pairs: list[tuple[int, float]]) -> list[int]:
+    return [t for t, _ in pairs]
+
+
+def year_by_year(first: int, last: int) -> str:
+    return HEAD + "".join(f"In year {y} the river rose and the mill was rebuilt. " for y in range(first, last))
+
+
+def test_a_prefix_past_the_window_is_computed_again_and_a_continuation_keeps_the_cache(gemma: Runner) -> None:
+    window = gemma.loaded.model.n_swa
+    assert window == 512
+    long = ids(gemma, year_by_year(1800, 1900))
+    assert len(long) > 2 * window + 512  # past the window and a micro-batch: the first cells are gone
+    short = ids(gemma, HEAD + "The mill stood by the bridge.")
+    shared = next(i for i, (a, b) in enumerate(zip(long, short)) if a != b)
+    assert shared > 4
+
+    reply(gemma, long)
+    assert gemma.loaded.runner.context.kv_pos_min(0) > 0
+    tokens, cached = reply(gemma, short)
+    assert cached == 0  # the shared head is cached, but its window is not (nor is a checkpoint): read again
+    assert token_ids(tokens) == cold(gemma, short)
+
+    first, _ = reply(gemma, long)
+    more = long + tuple(token_ids(first)) + ids(gemma, " Then")[1:]
+    tokens, cached = reply(gemma, more)
+    assert cached >= len(long)  # continuing the conversation keeps every cached token
+    assert token_ids(tokens) == cold(gemma, more)
+
+
+def test_drafts_rejected_past_the_window_leave_the_reply_as_without_drafts(gemma: Runner, gemma_path: Path) -> None:
+    """Verifying drafts decodes past the window and removes what was rejected: the cells the next
+    token sees must still be there (the window's cache keeps a micro-batch more than the window)."""
+    prompt = ids(gemma, year_by_year(1700, 1790))
+    plain = cold(gemma, prompt + ids(gemma, " In year")[1:])
+    with Runner(gemma_path, log=lambda _: None, ctx_size=4096, draft="ngram", spec="on") as drafting:
+        events = list(drafting.stream(drafting.request(prompt + ids(gemma, " In year")[1:], max_tokens=6,
+                                                       temperature=0)))
+    usage = events[-1].usage
+    assert usage.draft_proposed > usage.draft_accepted > 0  # some drafts kept, some rolled back
+    assert [t for e in events for t in e.token_ids] == plain
+
+
+def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_path: Path) -> None:
+    """An agent's next turn: the last prompt, then its own words. Where the reply ran past the window,
+    the window's cells at the prompt's end are gone, but its checkpoint there serves: only what
+    follows the prompt is computed, and its first token's logits are those of a whole-context cache
+    (later steps may differ in the last bits: F16 sums over cells in another order)."""
+    prompt_years, turn_text = (1800, 1835), " Now, in one word:"
+    replies = {}
+    for swa_full in ("off", "on"):
+        with Runner(gemma_path, log=lambda _: None, ctx_size=4096, batch_size=64, swa_full=swa_full) as r:
+            prompt = ids(r, year_by_year(*prompt_years))
+            assert len(prompt) > r.loaded.model.n_swa
+            reply(r, prompt, n=320)
+            if swa_full == "off":  # the window (its cache: 512 + 64 cells, padded to 768) moved on
+                assert r.loaded.runner.context.kv_pos_min(0) > len(prompt) - r.loaded.model.n_swa
+            replies[swa_full] = reply(r, prompt + ids(r, turn_text)[1:], n=1)
+    assert replies["off"] == replies["on"]
+    assert replies["off"][1] == len(prompt)  # cached: the prompt, from its checkpoint
