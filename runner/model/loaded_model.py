@@ -145,7 +145,9 @@ class LoadedModel:
             self.options.parallel, self.options.ctx_size, self.options.batch_size, self.options.max_queue, self.runner
         )
         try:
-            self.speculator = self._speculator(store, ref, shape, log)
+            # a drafter's own context keeps its sliding-window layers whole: it reuses its common
+            # prefix with the target's tokens without asking whether the window still holds it
+            self.speculator = self._speculator(store, ref, dataclasses.replace(shape, swa_full=True), log)
         except BaseException:
             self.runner.close()
             self.model.close()

@@ -104,3 +104,11 @@ def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_p
             replies[swa_full] = reply(r, prompt + ids(r, turn_text)[1:], n=1)
     assert replies["off"] == replies["on"]
     assert replies["off"][1] == len(prompt)  # cached: the prompt, from its checkpoint
+
+
+def test_a_draft_models_context_keeps_its_window_whole(gemma_path: Path) -> None:
+    """A drafter reuses its common prefix with the target's tokens without asking the window, so its
+    own context keeps sliding-window layers as long as the context (the target's keeps the window)."""
+    with Runner(gemma_path, log=lambda _: None, ctx_size=2048, draft=str(gemma_path)) as r:
+        assert r.loaded.runner.context.shape.swa_full is False
+        assert r.loaded.speculator.drafter.context.shape.swa_full is True
