@@ -98,9 +98,11 @@ def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_p
         with Runner(gemma_path, log=lambda _: None, ctx_size=4096, batch_size=64, swa_full=swa_full) as r:
             prompt = ids(r, year_by_year(*prompt_years))
             assert len(prompt) > r.loaded.model.n_swa
-            reply(r, prompt, n=320)
-            if swa_full == "off":  # the window (its cache: 512 + 64 cells, padded to 768) moved on
+            if swa_full == "off":  # the window (its cache: 512 + 64 cells, padded to 768) moves on
+                reply(r, prompt, n=320)
                 assert r.loaded.runner.context.kv_pos_min(0) > len(prompt) - r.loaded.model.n_swa
+            else:  # (the reference: the same prompt's KV, whole)
+                reply(r, prompt, n=1)
             replies[swa_full] = reply(r, prompt + ids(r, turn_text)[1:], n=1)
     assert replies["off"] == replies["on"]
     assert replies["off"][1] == len(prompt)  # cached: the prompt, from its checkpoint
