@@ -175,7 +175,8 @@ class ModelRunner:
         return index - saved
 
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
-        """Remove token indices [p0, p1) of a sequence (p1 < 0: to the end)."""
+        """Remove token indices [p0, p1) of a sequence (p1 < 0: to the end). Where sliding-window
+        layers no longer hold what continuing at p0 needs, the checkpoint taken there is put back."""
         if self._trace:
             self._record(["kv_remove", [seq_id, p0, p1]])
         removed = self.context.kv_remove(seq_id, self._pos(seq_id, p0), self._pos(seq_id, p1) if p1 >= 0 else -1)

@@ -242,7 +242,7 @@ class Scheduler:
     def _take_prompt_end(self, row: BatchRow, seq: Sequence, rows: np.ndarray) -> None:
         """The prompt's last chunk: its last logits give the reply's first token."""
         rows = _score_prompt(row, seq, rows)
-        self._kv.checkpoint(row.slot.id, row.slot.n_cached + len(row.token_ids) - len(row.draft_ids))
+        self._kv.checkpoint(row.slot.id, row.slot.n_cached + len(row.token_ids))  # (a prompt's rows carry no drafts)
         row.slot.state = SlotState.GENERATING
         self._take_tokens(row, seq, rows)
 
