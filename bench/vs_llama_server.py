@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import socket
 import struct
 import statistics
@@ -145,8 +146,17 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def reply_length(max_tokens: int, spread: float, turn: int, c: int, r: int) -> int:
+    """A request's reply length: max_tokens, or with a spread drawn from [1 - spread, 1 + spread]
+    times it, the same for both servers (seeded by turn, client and round)."""
+    if not spread:
+        return max_tokens
+    return max(1, round(max_tokens * random.Random(f"{turn}-{c}-{r}").uniform(1 - spread, 1 + spread)))
+
+
 def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False,
-           prompts: list[str] = PROMPTS, turn: int = 0, temperature: float = 0.0) -> list[list[dict]]:
+           prompts: list[str] = PROMPTS, turn: int = 0, temperature: float = 0.0,
+           spread: float = 0.0) -> list[list[dict]]:
     """Each client's requests in one turn; every prompt differs from every other in the run (a
     numbered question once the prompts are used up), so what a server reuses is only the chat
     template's common head."""
@@ -156,7 +166,8 @@ def bodies(concurrency: int, rounds: int, max_tokens: int, warm_up: bool = False
             return WARM_UP.format(c)
         return prompts[k % len(prompts)] if k < len(prompts) else f"Question {k}: {prompts[k % len(prompts)]}"
 
-    return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}], "max_tokens": max_tokens,
+    return [[{"model": ALIAS, "messages": [{"role": "user", "content": prompt(c, r)}],
+              "max_tokens": reply_length(max_tokens, 0.0 if warm_up else spread, turn, c, r),
               "temperature": temperature, "ignore_eos": True} for r in range(rounds)] for c in range(concurrency)]
 
 
@@ -171,12 +182,14 @@ def measure(command: list[str], port: int, concurrency: int, rounds: int, max_to
 
 
 def turn(url: str, concurrency: int, rounds: int, max_tokens: int, prompts: list[str] = PROMPTS,
-         index: int = 0, temperature: float = 0.0, counter: GraphCounter | None = None) -> Run:
+         index: int = 0, temperature: float = 0.0, counter: GraphCounter | None = None, spread: float = 0.0) -> Run:
     """One turn: every client sends its requests one after another."""
     n0, s0 = counter.read() if counter else (0, 0.0)
-    load = run_clients(url, bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index, temperature=temperature))
-    if load.n_tokens != concurrency * rounds * max_tokens:
-        raise RuntimeError(f"{url} generated {load.n_tokens} tokens, not {concurrency * rounds * max_tokens}")
+    plan = bodies(concurrency, rounds, max_tokens, prompts=prompts, turn=index, temperature=temperature, spread=spread)
+    load = run_clients(url, plan)
+    expected = sum(body["max_tokens"] for requests in plan for body in requests)
+    if load.n_tokens != expected:
+        raise RuntimeError(f"{url} generated {load.n_tokens} tokens, not {expected}")
     n1, s1 = counter.read() if counter else (0, 0.0)
     return Run(load.n_tokens / load.elapsed_s, statistics.fmean(load.ttfts), load.n_tokens, n1 - n0,
                load.elapsed_s - (s1 - s0))
@@ -203,6 +216,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--slots", type=int, default=None, help="slots of both servers (default: one per client)")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens-spread", type=float, default=0.0,
+                    help="each reply's length drawn from [1 - S, 1 + S] times --max-tokens (the same for both "
+                         "servers), so that clients do not finish in step")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0: greedy; above it both servers sample with their defaults (top-k 40, top-p 0.95, min-p 0.05)")
     ap.add_argument("--rounds", type=int, default=3, help="requests each client sends one after another, per turn")
@@ -243,7 +259,7 @@ def main() -> None:
                     for attempt in (1, 2):  # a server that stopped answering: started again, the turn again
                         try:
                             runs[who] = turn(servers[who][1], c, args.rounds, args.max_tokens, prompts, r, args.temperature,
-                                             counters[who] if args.count_graphs else None)
+                                             counters[who] if args.count_graphs else None, args.max_tokens_spread)
                             break
                         except TimeoutError as exc:
                             if attempt == 2:
@@ -268,7 +284,9 @@ def main() -> None:
                      statistics.median(p["ours"].mean_ttft_s / p["theirs"].mean_ttft_s for p in pairs)]
                     + ([med(who, f) for f in (lambda x: x.n_graphs, lambda x: x.outside_graphs_s) for who in ("ours", "theirs")]
                        if args.count_graphs else []))
-    print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply, {args.rounds} requests per client, "
+    print(f"\nmodel {args.model}, {args.max_tokens} tokens per reply"
+          + (f" (x{1 - args.max_tokens_spread:g}-{1 + args.max_tokens_spread:g})" if args.max_tokens_spread else "")
+          + f", {args.rounds} requests per client, "
           f"{args.threads} threads, " + (f"temperature {args.temperature:g}" if args.temperature else "greedy")
           + f", {args.repeats} pairs per row (medians)"
           + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else "")
