@@ -1,6 +1,7 @@
 """The coding agents' first requests, recorded from the real clients (agent_requests/*.json: Claude
 Code 2.1 on the Messages API, Codex 0.171 on the Responses API): parsed into the one internal chat
-request, refused on SmolLM2 only for their length, and answered in full on a model with the context."""
+request, refused on SmolLM2 only for their length, and answered in full on a model with the context
+(gemma-3-270m cut to two layers: tests/shallow_gemma.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from runner.server.anthropic_messages import parse_messages
 from runner.server.openai_responses import parse_request
 from runner.server.request_fields import IGNORED_TOOLS_HEADER, ignored_tools_header
 from server_process import ServerProcess
+from shallow_gemma import shallow_gemma
 
 RECORDED = Path(__file__).parent / "agent_requests"
 
@@ -94,8 +96,11 @@ def _events(reply: httpx.Response) -> list[tuple[str | None, dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def gemma(model_cache: Path, gemma_path: Path) -> Iterator[ServerProcess]:
-    """gemma-3-270m with a 32k slot: the context an agent's prompt needs."""
-    server = ServerProcess("gemma-3-270m", model_cache, "--ctx-size", "32768", "--parallel", "1")
+    """gemma-3-270m's tokenizer, template and 32k context, cut to two layers (a 20k-token prompt
+    in seconds), with a 32k slot: the context an agent's prompt needs."""
+    shallow = shallow_gemma(gemma_path, model_cache)
+    server = ServerProcess("gemma-3-270m", model_cache, "--alias", "gemma-3-270m", "--ctx-size", "32768",
+                           "--parallel", "1", models=(str(shallow),))
     yield server
     server.stop()
 
