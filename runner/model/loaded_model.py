@@ -290,7 +290,7 @@ class LoadedModel:
         check_same_vocab_header(self.info, draft_info)
         draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
                                      self.devices, reserved=self.offload.gpu_bytes)
-        both = self.memory_plan.with_draft(MemoryPlan.for_model(draft_info, opts, offload=draft_offload))
+        both = self.memory_plan.with_draft(MemoryPlan.for_draft(draft_info, opts, offload=draft_offload))
         both.check()
         kind = "EAGLE3 head" if is_head else "draft model"
         log(f"{kind}: {draft_ref.name if draft_ref else draft_path.stem} ({draft_path.name}); with it, {both.describe()}")

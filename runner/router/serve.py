@@ -161,7 +161,7 @@ def memory_plan_bytes(model: ServableModel, store: ModelStore) -> int:
     draft = opts.draft or (ref.entry.draft if ref and ref.entry.draft and opts.spec in ("auto", "on") else "")
     if draft and draft != "ngram" and opts.spec != "off":
         try:
-            plan = plan.with_draft(MemoryPlan.for_model(read_gguf(store.resolve(draft)[0]), opts))
+            plan = plan.with_draft(MemoryPlan.for_draft(read_gguf(store.resolve(draft)[0]), opts))
         except RunnerError:
             pass  # the model process says what is wrong with its draft
     if opts.rpc:  # what stays on this machine: the workers hold the rest (asked of no worker here: each serves one head)

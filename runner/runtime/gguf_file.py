@@ -25,6 +25,7 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 _LAYER = re.compile(r"blk\.(\d+)\.")
 _WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length (and a digest) of
+_VALUED_ARRAYS = (".attention.sliding_window_pattern",)  # arrays (of scalars) kept whole: keys ending so
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,16 @@ class _Cursor:
         n = self.take("Q")  # NOTE: not `self.pos += self.take(...)`: that reads pos before take moves it
         self.pos += n
 
-    def value(self, vtype: int, keep: bool) -> Any:
+    def value(self, vtype: int, keep: bool, whole: bool = False) -> Any:
+        """A value; an array's length if `keep` (else None), or with `whole` its scalars, a tuple."""
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
             item_type, count = self.take("I"), self.take("Q")
+            if whole and item_type in _SCALARS:
+                return tuple(self.take(_SCALARS[item_type]) for _ in range(count))
             if item_type in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:
@@ -179,7 +183,7 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         key = cur.string()
         vtype = cur.take("I")
         start = cur.pos
-        value = cur.value(vtype, keep=key in _WANTED_ARRAYS)
+        value = cur.value(vtype, keep=key in _WANTED_ARRAYS, whole=key.endswith(_VALUED_ARRAYS))
         if value is not None:
             metadata[key] = value
         if key in _WANTED_ARRAYS:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from runner.core.errors import MemoryPlanError
-from runner.config.options import KV_BYTES_PER_VALUE, N_UBATCH_MAX, EngineOptions
+from runner.config.options import KV_BYTES_PER_VALUE, N_UBATCH_MAX, EngineOptions, micro_batch_max
 from runner.runtime.gguf_file import GgufInfo
 from runner.runtime.gpu_fit import LayerCosts, Offload
 
@@ -24,13 +25,60 @@ def available_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def _kv_bytes_per_token(info: GgufInfo, options: EngineOptions) -> float:
+# llama.cpp's sliding-window layout where the GGUF states none: layer i slides unless
+# i % n == n - 1 (its load_swa_pattern defaults). A model of another architecture with a window
+# is planned as if every layer kept the whole context: an overestimate, never an underestimate.
+DEFAULT_WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2}
+_WINDOW_PAD = 256  # llama.cpp pads a sliding-window cache to a multiple of this many cells
+
+
+def window_layers(info: GgufInfo) -> int:
+    """How many layers attend only a sliding window (0: none, or not known)."""
+    n_layer = info.arch_int("block_count", 0)
+    if not info.arch_int("attention.sliding_window", 0):
+        return 0
+    pattern = info.arch_value("attention.sliding_window_pattern")
+    if isinstance(pattern, tuple):  # one flag per layer
+        return sum(1 for slides in pattern[:n_layer] if slides)
+    if not isinstance(pattern, int) or isinstance(pattern, bool):
+        pattern = DEFAULT_WINDOW_PATTERNS.get(info.architecture)
+    if pattern is None:
+        return 0
+    return n_layer if pattern == 0 else sum(1 for i in range(n_layer) if i % pattern < pattern - 1)
+
+
+def window_cells(info: GgufInfo, options: EngineOptions) -> int:
+    """A slot's cells in each sliding-window layer when only the window is kept (swa_full off):
+    the window and a micro-batch, padded as llama.cpp pads them."""
+    n_swa = info.arch_int("attention.sliding_window", 0)
+    cells = min(options.ctx_size, n_swa + min(options.batch_size, micro_batch_max(options)))
+    return -(-cells // _WINDOW_PAD) * _WINDOW_PAD
+
+
+def _kv_bytes_per_cell_layer(info: GgufInfo, options: EngineOptions) -> int:
     n_embd = info.arch_int("embedding_length", 0)
     n_head = info.arch_int("attention.head_count", 1) or 1
     n_head_kv = info.arch_int("attention.head_count_kv", n_head) or n_head
     head_k = info.arch_int("attention.key_length", n_embd // n_head)
     head_v = info.arch_int("attention.value_length", n_embd // n_head)
-    return info.arch_int("block_count", 0) * n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type]
+    return int(n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type])
+
+
+def _kv_bytes_per_slot(info: GgufInfo, options: EngineOptions) -> int:
+    """One slot's KV: the whole context in every layer, but for sliding-window layers (swa_full
+    off) only their window."""
+    n_layer = info.arch_int("block_count", 0)
+    n_window = window_layers(info) if options.swa_full == "off" else 0
+    cells = (n_layer - n_window) * options.ctx_size + n_window * window_cells(info, options)
+    return int(_kv_bytes_per_cell_layer(info, options) * cells)
+
+
+def _checkpoint_bytes_per_slot(info: GgufInfo, options: EngineOptions) -> int:
+    """The host copy of a slot's sliding-window KV kept at its last prompt's end (at most the
+    whole window: ModelRunner.checkpoint); none when the window layers keep the whole context."""
+    if options.swa_full != "off":
+        return 0
+    return _kv_bytes_per_cell_layer(info, options) * window_layers(info) * window_cells(info, options)
 
 
 def _compute_bytes(info: GgufInfo, options: EngineOptions) -> int:
@@ -45,7 +93,7 @@ def layer_costs(info: GgufInfo, options: EngineOptions) -> LayerCosts:
     """What offloading each layer would place on a GPU (gpu_fit's input)."""
     n_layer = info.arch_int("block_count", 0)
     weights = info.layer_weight_bytes or (info.weights_bytes // max(n_layer, 1),) * n_layer
-    kv_per_layer = _kv_bytes_per_token(info, options) / max(n_layer, 1) * options.ctx_size * options.parallel
+    kv_per_layer = _kv_bytes_per_slot(info, options) / max(n_layer, 1) * options.parallel  # (their mean)
     return LayerCosts(tuple(weights[:n_layer]) + (0,) * (n_layer - len(weights)), info.output_weight_bytes,
                       int(kv_per_layer), _compute_bytes(info, options))
 
@@ -59,30 +107,40 @@ class MemoryPlan:
     available_bytes: int
     n_threads: int = 1  # llama.cpp's CPU threads (shown in the plan's line)
     offload: Offload | None = None  # layers on a GPU (their bytes are not in RAM)
+    checkpoint_per_slot_bytes: int = 0  # a slot's sliding-window checkpoint, always in RAM
 
     @classmethod
     def for_model(cls, info: GgufInfo, options: EngineOptions, available_bytes: int | None = None,
                   offload: Offload | None = None) -> MemoryPlan:
         return cls(
             weights_bytes=info.weights_bytes,
-            kv_per_slot_bytes=int(_kv_bytes_per_token(info, options) * options.ctx_size),
+            kv_per_slot_bytes=_kv_bytes_per_slot(info, options),
             n_slots=options.parallel,
             compute_bytes=_compute_bytes(info, options),
             available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
             n_threads=options.threads,
             offload=offload,
+            checkpoint_per_slot_bytes=_checkpoint_bytes_per_slot(info, options),
         )
+
+    @classmethod
+    def for_draft(cls, info: GgufInfo, options: EngineOptions, offload: Offload | None = None) -> MemoryPlan:
+        """A draft model's plan: its context keeps sliding-window layers whole (LoadedModel gives
+        drafters swa_full on) and takes no checkpoints."""
+        return cls.for_model(info, dataclasses.replace(options, swa_full="on"), offload=offload)
 
     def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
         """Target and draft model together (the draft keeps one KV sequence per slot too)."""
         return MemoryPlan(self.weights_bytes + draft.weights_bytes, self.kv_per_slot_bytes + draft.kv_per_slot_bytes,
                           self.n_slots, self.compute_bytes + draft.compute_bytes, self.available_bytes, self.n_threads,
-                          _both(self.offload, draft.offload))
+                          _both(self.offload, draft.offload),
+                          self.checkpoint_per_slot_bytes + draft.checkpoint_per_slot_bytes)
 
     @property
     def total_bytes(self) -> int:
-        """Weights, KV and compute, wherever they are."""
-        return self.weights_bytes + self.kv_per_slot_bytes * self.n_slots + self.compute_bytes
+        """Weights, KV, checkpoints and compute, wherever they are."""
+        return (self.weights_bytes + (self.kv_per_slot_bytes + self.checkpoint_per_slot_bytes) * self.n_slots
+                + self.compute_bytes)
 
     @property
     def gpu_bytes(self) -> int:
@@ -102,8 +160,9 @@ class MemoryPlan:
     def describe(self) -> str:
         mib = lambda n: f"{n / _MIB:,.0f} MiB"  # noqa: E731
         line = (
-            f"memory plan ({self.n_threads} threads): weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot x {self.n_slots} "
-            f"slots + compute ~{mib(self.compute_bytes)} = {mib(self.total_bytes)}"
+            f"memory plan ({self.n_threads} threads): weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot"
+            + (f" (+ window checkpoint {mib(self.checkpoint_per_slot_bytes)})" if self.checkpoint_per_slot_bytes else "")
+            + f" x {self.n_slots} slots + compute ~{mib(self.compute_bytes)} = {mib(self.total_bytes)}"
         )
         if self.offload is not None and self.offload.devices:
             line += f"; {self.offload.describe()}; in RAM {mib(self.ram_bytes)}"

@@ -1,10 +1,12 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
+from gguf import GGUFWriter
 
 from runner.core.errors import MemoryPlanError
 from runner.runtime.gguf_file import read_gguf
-from runner.runtime.memory_plan import MemoryPlan
+from runner.runtime.memory_plan import MemoryPlan, window_cells, window_layers
 from runner.config.options import EngineOptions
 
 
@@ -36,3 +38,63 @@ def test_a_draft_model_adds_its_weights_kv_and_compute(tiny_gguf: Path) -> None:
     both = target.with_draft(MemoryPlan.for_model(info, opts, available_bytes=1 << 40))
     assert both.weights_bytes == 2 * target.weights_bytes
     assert both.total_bytes == 2 * target.total_bytes
+
+
+def _windowed_header(path: Path, arch: str, pattern: int | list[bool] | None = None, n_layer: int = 12) -> Path:
+    """A weightless GGUF header of a sliding-window model: 1 KV head of 256 + 256 dims (1 KiB a cell
+    and layer in f16), a 512-token window."""
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_embedding_length(640)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    w.add_key_length(256)
+    w.add_value_length(256)
+    w.add_sliding_window(512)
+    if isinstance(pattern, int):
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", pattern)
+    elif pattern is not None:
+        w.add_array(f"{arch}.attention.sliding_window_pattern", pattern)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_sliding_window_layers_are_planned_at_their_window_with_a_checkpoint_and_whole_for_a_draft(tmp_path: Path) -> None:
+    info = read_gguf(_windowed_header(tmp_path / "g.gguf", "gemma3"))  # every sixth layer global: 10 of 12 slide
+    assert window_layers(info) == 10
+    opts = EngineOptions(parallel=2, ctx_size=32768, kv_type="f16")
+    assert window_cells(info, opts) == 1024  # the window and a 512-token micro-batch
+    plan = MemoryPlan.for_model(info, opts, available_bytes=1 << 40)
+    assert plan.kv_per_slot_bytes == 1024 * (2 * 32768 + 10 * 1024)
+    assert plan.checkpoint_per_slot_bytes == 1024 * 10 * 1024
+    assert plan.total_bytes == plan.weights_bytes + 2 * (plan.kv_per_slot_bytes + plan.checkpoint_per_slot_bytes) + plan.compute_bytes
+    assert "(+ window checkpoint 10 MiB) x 2 slots" in plan.describe()
+    whole = MemoryPlan.for_model(info, dataclasses.replace(opts, swa_full="on"), available_bytes=1 << 40)
+    assert (whole.kv_per_slot_bytes, whole.checkpoint_per_slot_bytes) == (1024 * 12 * 32768, 0)
+    draft = MemoryPlan.for_draft(info, opts)
+    assert (draft.kv_per_slot_bytes, draft.checkpoint_per_slot_bytes) == (whole.kv_per_slot_bytes, 0)
+    short = EngineOptions(parallel=1, ctx_size=700, kv_type="f16")  # a context shorter than window + batch
+    assert window_cells(info, short) == 768
+
+
+def test_a_stated_window_pattern_wins_and_an_unknown_windowed_architecture_is_planned_whole(tmp_path: Path) -> None:
+    assert window_layers(read_gguf(_windowed_header(tmp_path / "a.gguf", "gemma3", pattern=2))) == 6
+    flags = [True, True, False, True, False, False, True, False]
+    assert window_layers(read_gguf(_windowed_header(tmp_path / "b.gguf", "gemma3", pattern=flags, n_layer=8))) == 4
+    assert window_layers(read_gguf(_windowed_header(tmp_path / "c.gguf", "gemma2", n_layer=8))) == 4
+    unknown = read_gguf(_windowed_header(tmp_path / "d.gguf", "mistral3"))
+    assert window_layers(unknown) == 0
+    plan = MemoryPlan.for_model(unknown, EngineOptions(ctx_size=4096, kv_type="f16"), available_bytes=1 << 40)
+    assert (plan.kv_per_slot_bytes, plan.checkpoint_per_slot_bytes) == (1024 * 12 * 4096, 0)
+
+
+@pytest.mark.model
+def test_gemma_3s_plan_is_the_kv_llama_cpp_allocates(gemma_path: Path) -> None:
+    info = read_gguf(gemma_path)
+    plan = MemoryPlan.for_model(info, EngineOptions(parallel=2, ctx_size=32768, kv_type="f16"), available_bytes=1 << 40)
+    # llama.cpp's log for this context (2 sequences of 32,768, swa_full off): 192 MiB for the 3
+    # full-attention layers' 32,768 cells, 30 MiB for the 15 sliding ones' 1,024
+    assert plan.kv_per_slot_bytes * 2 == (192 + 30) << 20
