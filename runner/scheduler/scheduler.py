@@ -312,7 +312,12 @@ class Scheduler:
             if not seq.group.can_admit(seq, self.pool.n_free):
                 break  # first come, first served: nothing overtakes it
             self.waiting.popleft()
-            seq.group.start(self._place(seq), self._park)
+            try:
+                slot = self._place(seq)
+            except Exception:  # the runtime could not set up its KV (say, a checkpoint that would
+                self.waiting.appendleft(seq)  # not restore): it waits again, so that the step's
+                raise  # failure (fail_all) ends it with the others, not leaves it in no list
+            seq.group.start(slot, self._park)
 
     def _place(self, seq: Sequence) -> Slot:
         """A free slot for seq, holding the longest cached prefix of its prompt found in any slot."""

@@ -148,6 +148,30 @@ def long_prompt(tag: int, n: int = 100) -> list[int]:
     return [(tag * 7 + i) % 40 + 1 for i in range(n)]
 
 
+def test_a_placement_whose_kv_setup_fails_leaves_the_request_to_the_steps_failure() -> None:
+    """kv_remove raising while a prompt is placed (a checkpoint that would not restore): the step
+    fails, and the engine thread's fail_all ends that request too, with the error."""
+    engine, rt = make_engine(n_slots=1)
+    submit(engine, "x", [1, 2, 3, 4, 5, 6], max_tokens=1)
+    run_all(engine)
+    ev = submit(engine, "y", [1, 2, 3, 9], max_tokens=1)
+
+    clear = rt.kv_remove
+
+    def broken(seq_id: int, p0: int = 0, p1: int = -1) -> bool:  # (clearing a whole sequence still works)
+        if p0 > 0:
+            raise RuntimeError("llama_state_seq_set_data_ext failed")
+        return clear(seq_id, p0, p1)
+
+    rt.kv_remove = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="set_data_ext"):
+        engine.step()
+    assert [s.request_id for s in engine.scheduler.waiting] == ["y"]
+    engine.scheduler.fail_all("internal error: llama_state_seq_set_data_ext failed")
+    assert ev[-1].finish_reason == FinishReason.ERROR and "set_data_ext" in ev[-1].error
+    assert not engine.has_work
+
+
 def test_prefix_held_by_a_busy_slot_is_copied_into_a_free_one() -> None:
     engine, rt = make_engine(n_slots=2, n_batch=256)
     system = long_prompt(1)
