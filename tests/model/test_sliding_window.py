@@ -114,3 +114,32 @@ def test_a_draft_models_context_keeps_its_window_whole(gemma_path: Path) -> None
     with Runner(gemma_path, log=lambda _: None, ctx_size=2048, draft=str(gemma_path)) as r:
         assert r.loaded.runner.context.shape.swa_full is False
         assert r.loaded.speculator.drafter.context.shape.swa_full is True
+
+
+@dataclasses.dataclass
+class _Row:  # (runtime.model_runner.DecodeRow)
+    seq_id: int
+    token_ids: list[int]
+    first_pos: int
+    n_logits: int = 1
+
+
+def test_a_checkpoint_past_a_removal_is_dropped_not_offered_for_the_tokens_that_replace_it(gemma: Runner) -> None:
+    """A removal from before a slot's checkpoint (a prompt sharing less than the last one) makes the
+    checkpoint stale: once other tokens have taken those positions and the window has moved on,
+    the slot offers no cached prefix from it."""
+    runner, slot = gemma.loaded.runner, gemma.loaded.engine.scheduler.pool.slots[0]
+    cold(gemma, ids(gemma, HEAD), n=1)
+    first = ids(gemma, year_by_year(1800, 1820))
+    assert reply(gemma, first, n=1)[1] > 4  # the head was cached; the checkpoint is at len(first)
+    assert runner.usable_prefix(0, len(first)) == len(first)
+    n_head = len(ids(gemma, HEAD)) - 1  # (the last token of HEAD may merge with what follows)
+    runner.kv_remove(0, n_head, -1)
+    slot.truncate(n_head)
+    other = list(ids(gemma, year_by_year(1900, 1990))[n_head:])
+    for start in range(0, len(other), 512):  # other tokens in those positions, past the window
+        runner.decode([_Row(0, other[start:start + 512], n_head + start)])
+    assert runner.context.kv_pos_min(0) > len(first)
+    assert runner.usable_prefix(0, len(first)) == 0  # not the stale checkpoint's len(first)
+    runner.kv_remove(0, 0, -1)
+    slot.truncate(0)
