@@ -14,6 +14,10 @@ TTFT is the time from sending a request to its first content chunk, over every r
 requests are sent one after another per client, so from the second on, a client's request
 arrives while the others' replies are decoding.
 
+--fresh-servers starts both servers again before every pair: a process's memory layout can move
+a long prompt's time by several percent for its whole life, so that one process pair's ratio is
+not the servers' (see docs/benchmarks.md).
+
 --count-graphs preloads bench/graph_counter.c into both servers (a C compiler builds it) and adds
 the graph runs a turn took (llama.cpp's micro-batches) and the turn's time outside them.
 """
@@ -230,6 +234,10 @@ def main() -> None:
                                                          "(default: each server's own, auto for both)")
     ap.add_argument("--prompt-repeat", type=int, default=1,
                     help="each prompt this many times over (a long prompt: TTFT then measures prefill)")
+    ap.add_argument("--fresh-servers", action="store_true",
+                    help="start both servers again before every pair: where a process's memory layout decides "
+                         "a few percent (long prompts: two identical llama.cpp contexts in one process differ "
+                         "by up to 10%%), each pair then draws its own")
     ap.add_argument("--count-graphs", action="store_true",
                     help="also the graph runs a turn took on each server, and its time outside them")
     args = ap.parse_args()
@@ -254,6 +262,13 @@ def main() -> None:
                 servers[who] = started(commands[who], ports[who], c, envs[who])
             pairs = []
             for r in range(args.repeats):
+                if args.fresh_servers and r > 0:  # a new process pair: its own memory layout
+                    for who in ("ours", "theirs"):
+                        stop(servers.pop(who)[0])
+                        ports[who] = free_port()  # (not the old one: it may linger in TIME_WAIT)
+                        commands[who] = (ours_command(model, shape, ports[who], ours_gpu) if who == "ours"
+                                         else theirs_command(binary, model, shape, ports[who], theirs_gpu))
+                        servers[who] = started(commands[who], ports[who], c, envs[who])
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
                     for attempt in (1, 2):  # a server that stopped answering: started again, the turn again
