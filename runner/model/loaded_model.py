@@ -34,7 +34,7 @@ from runner.runtime.layer_split import device_shares, parse_tensor_split
 from runner.runtime.rpc_address import parse_workers
 from runner.runtime.gpu_fit import parse_gpu_layers, plan_offload
 from runner.runtime.llama import Context, ContextShape, Model, has_rpc_devices, in_scratch_thread, list_devices
-from runner.runtime.memory_plan import MemoryPlan, layer_costs
+from runner.runtime.memory_plan import MemoryPlan, draft_options, layer_costs
 from runner.runtime.model_runner import ModelRunner
 from runner.sampling.constraints import Constraint, GrammarSpec, compile_constraint
 from runner.scheduler.engine import Engine
@@ -288,7 +288,7 @@ class LoadedModel:
             staging.require(staging.EAGLE3_CALLS, "an EAGLE3 head")
             self._check_rows_fit(3 * self.model.n_embd, "EAGLE3")
         check_same_vocab_header(self.info, draft_info)
-        draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, opts),
+        draft_offload = plan_offload(parse_gpu_layers(opts.n_gpu_layers), layer_costs(draft_info, draft_options(opts)),
                                      self.devices, reserved=self.offload.gpu_bytes)
         both = self.memory_plan.with_draft(MemoryPlan.for_draft(draft_info, opts, offload=draft_offload))
         both.check()

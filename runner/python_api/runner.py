@@ -151,8 +151,15 @@ class Runner:
         out: list[list[StreamEvent]] = [[] for _ in requests]
         engine = self.loaded.engine
         engine.submit_group(requests, [events.append for events in out])
-        while engine.has_work:
-            engine.step()
+        finished = False
+        try:
+            while engine.has_work:
+                engine.step()
+            finished = True
+        finally:
+            if not finished:  # (a step raised: the group ends, not waits for the next call)
+                for request in requests:
+                    engine.cancel(request.request_id)
         return out
 
     def choices(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 2, best_of: int | None = None,

@@ -26,6 +26,7 @@ _STRING, _ARRAY = 8, 9
 _LAYER = re.compile(r"blk\.(\d+)\.")
 _WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length (and a digest) of
 _VALUED_ARRAYS = (".attention.sliding_window_pattern",)  # arrays (of scalars) kept whole: keys ending so
+_VALUED_MAX = 512  # ... one value per layer (llama.cpp's limit on layers)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,16 @@ class _Cursor:
         self.pos += size
         return value
 
+    def scalars(self, fmt: str, count: int) -> tuple:
+        """count scalars of one format, at most _VALUED_MAX of them (one per layer)."""
+        size = struct.calcsize("<" + fmt) * count
+        if count > _VALUED_MAX or self.pos + size > len(self.buf):
+            raise ModelFileError(f"{self.path}: corrupt GGUF header (an array of {count} values where one "
+                                 f"per layer, at most {_VALUED_MAX}, belongs)")
+        values = struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos)
+        self.pos += size
+        return values
+
     def string(self) -> str:
         n = self.take("Q")
         if self.pos + n > len(self.buf):
@@ -134,7 +145,7 @@ class _Cursor:
         if vtype == _ARRAY:
             item_type, count = self.take("I"), self.take("Q")
             if whole and item_type in _SCALARS:
-                return tuple(self.take(_SCALARS[item_type]) for _ in range(count))
+                return self.scalars(_SCALARS[item_type], count)
             if item_type in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item_type])
             else:

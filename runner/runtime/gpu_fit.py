@@ -36,7 +36,7 @@ class LayerCosts:
 
     layer_weights: tuple[int, ...]  # per repeating layer
     output_weights: int  # the output head
-    kv_per_layer: int  # one layer's KV for every slot
+    layer_kv: tuple[int, ...]  # per repeating layer: its KV for every slot (a sliding-window layer's is its window)
     compute: int  # the GPU's compute buffer (there once anything is offloaded)
 
     @property
@@ -50,7 +50,7 @@ class LayerCosts:
             return 0
         n_repeating = k - 1
         weights = self.output_weights + sum(self.layer_weights[self.n_layer - n_repeating:])
-        return weights + self.kv_per_layer * n_repeating + self.compute
+        return weights + sum(self.layer_kv[self.n_layer - n_repeating:]) + self.compute
 
     def most_that_fit(self, room: int) -> int:
         """The largest n_gpu_layers whose bytes fit in `room` (0: none)."""

@@ -93,5 +93,5 @@ def device_shares(costs: LayerCosts, n_gpu_layers: int, devices: list[Device], s
         has_output = costs.n_layer in units
         n_bytes = sum(costs.layer_weights[u] for u in layers) + (costs.output_weights if has_output else 0)
         out.append(DeviceShare(name, where, layers, has_output, n_bytes + (embeddings_bytes if index == 0 else 0),
-                               costs.kv_per_layer * len(layers)))
+                               sum(costs.layer_kv[u] for u in layers)))
     return out

@@ -25,26 +25,33 @@ def available_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-# llama.cpp's sliding-window layout where the GGUF states none: layer i slides unless
-# i % n == n - 1 (its load_swa_pattern defaults). A model of another architecture with a window
-# is planned as if every layer kept the whole context: an overestimate, never an underestimate.
+# The architectures whose sliding-window layout is known here: llama.cpp's default pattern for each
+# (layer i slides unless i % n == n - 1; its load_swa_pattern), which a pattern the GGUF states
+# overrides. A model of another architecture with a window is planned as if every layer kept the
+# whole context (and a checkpoint of every layer): an overestimate, never an underestimate.
 DEFAULT_WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2}
 _WINDOW_PAD = 256  # llama.cpp pads a sliding-window cache to a multiple of this many cells
 
 
-def window_layers(info: GgufInfo) -> int:
-    """How many layers attend only a sliding window (0: none, or not known)."""
+def window_flags(info: GgufInfo) -> tuple[bool, ...] | None:
+    """Per layer, whether it attends only a sliding window (all False: no window); None where
+    the model has a window but its layout is not known here."""
     n_layer = info.arch_int("block_count", 0)
     if not info.arch_int("attention.sliding_window", 0):
-        return 0
+        return (False,) * n_layer
+    if info.architecture not in DEFAULT_WINDOW_PATTERNS:
+        return None
     pattern = info.arch_value("attention.sliding_window_pattern")
     if isinstance(pattern, tuple):  # one flag per layer
-        return sum(1 for slides in pattern[:n_layer] if slides)
+        return tuple(bool(f) for f in pattern[:n_layer]) + (False,) * (n_layer - len(pattern))
     if not isinstance(pattern, int) or isinstance(pattern, bool):
-        pattern = DEFAULT_WINDOW_PATTERNS.get(info.architecture)
-    if pattern is None:
-        return 0
-    return n_layer if pattern == 0 else sum(1 for i in range(n_layer) if i % pattern < pattern - 1)
+        pattern = DEFAULT_WINDOW_PATTERNS[info.architecture]
+    return tuple(pattern == 0 or i % pattern < pattern - 1 for i in range(n_layer))
+
+
+def window_layers(info: GgufInfo) -> int:
+    """How many layers attend only a sliding window (0: none, or the layout is not known)."""
+    return sum(window_flags(info) or ())
 
 
 def window_cells(info: GgufInfo, options: EngineOptions) -> int:
@@ -64,21 +71,31 @@ def _kv_bytes_per_cell_layer(info: GgufInfo, options: EngineOptions) -> int:
     return int(n_head_kv * (head_k + head_v) * KV_BYTES_PER_VALUE[options.kv_type])
 
 
-def _kv_bytes_per_slot(info: GgufInfo, options: EngineOptions) -> int:
-    """One slot's KV: the whole context in every layer, but for sliding-window layers (swa_full
-    off) only their window."""
+def _layer_kv_per_slot(info: GgufInfo, options: EngineOptions) -> tuple[int, ...]:
+    """One slot's KV in each layer: the whole context, but in a sliding-window layer (swa_full
+    off) only its window."""
     n_layer = info.arch_int("block_count", 0)
-    n_window = window_layers(info) if options.swa_full == "off" else 0
-    cells = (n_layer - n_window) * options.ctx_size + n_window * window_cells(info, options)
-    return int(_kv_bytes_per_cell_layer(info, options) * cells)
+    flags = window_flags(info) if options.swa_full == "off" else None
+    whole = options.ctx_size * _kv_bytes_per_cell_layer(info, options)
+    window = window_cells(info, options) * _kv_bytes_per_cell_layer(info, options)
+    return tuple(window if flags and flags[i] else whole for i in range(n_layer))
 
 
 def _checkpoint_bytes_per_slot(info: GgufInfo, options: EngineOptions) -> int:
     """The host copy of a slot's sliding-window KV kept at its last prompt's end (at most the
-    whole window: ModelRunner.checkpoint); none when the window layers keep the whole context."""
-    if options.swa_full != "off":
+    whole window: ModelRunner.checkpoint); none when the window layers keep the whole context or
+    the model has no window."""
+    if options.swa_full != "off" or not info.arch_int("attention.sliding_window", 0):
         return 0
-    return _kv_bytes_per_cell_layer(info, options) * window_layers(info) * window_cells(info, options)
+    flags = window_flags(info)
+    n_window = sum(flags) if flags is not None else info.arch_int("block_count", 0)
+    return _kv_bytes_per_cell_layer(info, options) * n_window * window_cells(info, options)
+
+
+def draft_options(options: EngineOptions) -> EngineOptions:
+    """A draft model's options: its context keeps sliding-window layers whole (LoadedModel gives
+    drafters swa_full on: their catch-up reuses a prefix without asking the window)."""
+    return dataclasses.replace(options, swa_full="on")
 
 
 def _compute_bytes(info: GgufInfo, options: EngineOptions) -> int:
@@ -93,9 +110,9 @@ def layer_costs(info: GgufInfo, options: EngineOptions) -> LayerCosts:
     """What offloading each layer would place on a GPU (gpu_fit's input)."""
     n_layer = info.arch_int("block_count", 0)
     weights = info.layer_weight_bytes or (info.weights_bytes // max(n_layer, 1),) * n_layer
-    kv_per_layer = _kv_bytes_per_slot(info, options) / max(n_layer, 1) * options.parallel  # (their mean)
     return LayerCosts(tuple(weights[:n_layer]) + (0,) * (n_layer - len(weights)), info.output_weight_bytes,
-                      int(kv_per_layer), _compute_bytes(info, options))
+                      tuple(kv * options.parallel for kv in _layer_kv_per_slot(info, options)),
+                      _compute_bytes(info, options))
 
 
 @dataclass(frozen=True)
@@ -114,7 +131,7 @@ class MemoryPlan:
                   offload: Offload | None = None) -> MemoryPlan:
         return cls(
             weights_bytes=info.weights_bytes,
-            kv_per_slot_bytes=_kv_bytes_per_slot(info, options),
+            kv_per_slot_bytes=sum(_layer_kv_per_slot(info, options)),
             n_slots=options.parallel,
             compute_bytes=_compute_bytes(info, options),
             available_bytes=available_ram_bytes() if available_bytes is None else available_bytes,
@@ -125,9 +142,8 @@ class MemoryPlan:
 
     @classmethod
     def for_draft(cls, info: GgufInfo, options: EngineOptions, offload: Offload | None = None) -> MemoryPlan:
-        """A draft model's plan: its context keeps sliding-window layers whole (LoadedModel gives
-        drafters swa_full on) and takes no checkpoints."""
-        return cls.for_model(info, dataclasses.replace(options, swa_full="on"), offload=offload)
+        """A draft model's plan: its layers keep the whole context (draft_options), no checkpoints."""
+        return cls.for_model(info, draft_options(options), offload=offload)
 
     def with_draft(self, draft: MemoryPlan) -> MemoryPlan:
         """Target and draft model together (the draft keeps one KV sequence per slot too)."""

@@ -205,8 +205,9 @@ class ModelRunner:
             self._checkpoints[seq_id] = (n_tokens, self.context.window_state(seq_id))
 
     def _window_holds(self, seq_id: int, n_tokens: int) -> bool:
-        """Whether the sliding-window layers hold what the token after a sequence's first n_tokens sees."""
-        return self.context.kv_pos_min(seq_id) <= max(0, self._pos(seq_id, n_tokens) - self.window)
+        """Whether the sliding-window layers hold what the token after a sequence's first n_tokens sees
+        (not where they hold nothing: a restore that failed left them empty)."""
+        return 0 <= self.context.kv_pos_min(seq_id) <= max(0, self._pos(seq_id, n_tokens) - self.window)
 
     def _rewind_window(self, seq_id: int, p0: int) -> None:
         """After a removal from token p0 on: a checkpoint past p0 is stale; one at p0 is put back where

@@ -40,7 +40,7 @@ def test_auto_places_every_layer_of_a_small_model(tiny_gguf: Path) -> None:
 def test_auto_stops_where_this_gpus_free_memory_ends() -> None:
     room = sum(d.free_bytes - MARGIN_BYTES for d in GPUS)
     n_layer = room // (1 << 30) + 10  # more 1 GiB layers than fit
-    costs = LayerCosts((1 << 30,) * n_layer, 1 << 30, 0, 64 << 20)
+    costs = LayerCosts((1 << 30,) * n_layer, 1 << 30, (0,) * n_layer, 64 << 20)
     offload = plan_offload(None, costs, list_devices())
     assert 0 < offload.n_gpu_layers <= n_layer
     assert costs.on_gpu(offload.n_gpu_layers) <= room < costs.on_gpu(offload.n_gpu_layers + 1)

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from gguf import GGUFWriter
 
 from runner.core.errors import ModelFileError
 from runner.runtime.gguf_file import read_gguf
@@ -76,3 +77,15 @@ def test_counts_of_the_wrong_type_read_as_unknown(tmp_path: Path) -> None:
                                  llama__attention__head_count=-4))
     assert (info.n_ctx_train, info.n_vocab, info.arch_int("block_count", 0)) == (0, 0, 0)
     MemoryPlan.for_model(info, EngineOptions(), available_bytes=1 << 40).check()  # no traceback
+
+
+def test_a_window_pattern_array_longer_than_any_model_has_layers_is_a_corrupt_header(tmp_path: Path) -> None:
+    w = GGUFWriter(str(tmp_path / "bad.gguf"), "gemma3")
+    w.add_block_count(4)
+    w.add_array("gemma3.attention.sliding_window_pattern", [True] * 600)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match="an array of 600 values where one per layer, at most 512"):
+        read_gguf(tmp_path / "bad.gguf")

@@ -15,7 +15,7 @@ from runner.runtime.gpu_fit import MARGIN_BYTES, LayerCosts, parse_gpu_layers, p
 from runner.runtime.memory_plan import MemoryPlan, layer_costs
 
 CPU = Device("CPU", "a CPU", "cpu", 64 << 30, 64 << 30)
-COSTS = LayerCosts(layer_weights=(10, 20, 30), output_weights=5, kv_per_layer=2, compute=7)
+COSTS = LayerCosts(layer_weights=(10, 20, 30), output_weights=5, layer_kv=(2, 2, 2), compute=7)
 
 
 def gpu(free: int, name: str = "CUDA0") -> Device:
@@ -74,7 +74,7 @@ def test_a_gguf_s_layers_kv_and_head_add_up(tiny_gguf: Path) -> None:
     costs = layer_costs(info, opts)
     plan = MemoryPlan.for_model(info, opts, available_bytes=1 << 40)
     assert costs.n_layer == 2 and costs.layer_weights[0] == costs.layer_weights[1] > 0
-    assert costs.kv_per_layer * 2 == plan.kv_per_slot_bytes * 3
+    assert costs.layer_kv[0] == costs.layer_kv[1] and sum(costs.layer_kv) == plan.kv_per_slot_bytes * 3
     n_vocab, n_embd = info.n_vocab, 64
     assert costs.output_weights == n_vocab * n_embd * 4 + n_embd * 4  # output.weight + output_norm, F32
     # every tensor is a layer's, the head's or the token embeddings (which stay on the CPU)

@@ -6,7 +6,7 @@ from gguf import GGUFWriter
 
 from runner.core.errors import MemoryPlanError
 from runner.runtime.gguf_file import read_gguf
-from runner.runtime.memory_plan import MemoryPlan, window_cells, window_layers
+from runner.runtime.memory_plan import MemoryPlan, draft_options, layer_costs, window_cells, window_layers
 from runner.config.options import EngineOptions
 
 
@@ -85,10 +85,28 @@ def test_a_stated_window_pattern_wins_and_an_unknown_windowed_architecture_is_pl
     flags = [True, True, False, True, False, False, True, False]
     assert window_layers(read_gguf(_windowed_header(tmp_path / "b.gguf", "gemma3", pattern=flags, n_layer=8))) == 4
     assert window_layers(read_gguf(_windowed_header(tmp_path / "c.gguf", "gemma2", n_layer=8))) == 4
-    unknown = read_gguf(_windowed_header(tmp_path / "d.gguf", "mistral3"))
+    unknown = read_gguf(_windowed_header(tmp_path / "d.gguf", "mistral3", pattern=2))  # (a layout llama.cpp may not read)
     assert window_layers(unknown) == 0
-    plan = MemoryPlan.for_model(unknown, EngineOptions(ctx_size=4096, kv_type="f16"), available_bytes=1 << 40)
-    assert (plan.kv_per_slot_bytes, plan.checkpoint_per_slot_bytes) == (1024 * 12 * 4096, 0)
+    plan = MemoryPlan.for_model(unknown, EngineOptions(ctx_size=4096, batch_size=512, kv_type="f16"),
+                                available_bytes=1 << 40)
+    # every layer whole, and a checkpoint as if every layer had a window (the runtime takes one)
+    assert (plan.kv_per_slot_bytes, plan.checkpoint_per_slot_bytes) == (1024 * 12 * 4096, 1024 * 12 * 1024)
+
+
+def test_a_gpu_holding_the_last_layers_holds_their_own_kv(tmp_path: Path) -> None:
+    """llama.cpp offloads the last layers: where full-attention and window layers alternate, those
+    hold their own KV, not the mean (gemma 3: layers 5 and 11 of 12 keep the whole context)."""
+    info = read_gguf(_windowed_header(tmp_path / "g.gguf", "gemma3"))
+    opts = EngineOptions(parallel=2, ctx_size=32768, batch_size=512, kv_type="f16")
+    costs = layer_costs(info, opts)
+    whole, window = 2 * 1024 * 32768, 2 * 1024 * 1024
+    assert costs.layer_kv == (window,) * 5 + (whole,) + (window,) * 5 + (whole,)
+    assert sum(costs.layer_kv) == 2 * MemoryPlan.for_model(info, opts, available_bytes=1 << 40).kv_per_slot_bytes
+    # (n_gpu_layers 1: the output head alone; 2: and the last layer, a full-attention one; 3: and a window layer)
+    assert costs.on_gpu(2) - costs.on_gpu(1) == costs.layer_weights[11] + whole
+    assert costs.on_gpu(3) - costs.on_gpu(2) == costs.layer_weights[10] + window
+    draft = layer_costs(info, draft_options(opts))  # a draft's layers keep the whole context
+    assert draft.layer_kv == (whole,) * 12
 
 
 @pytest.mark.model

@@ -183,7 +183,7 @@ def test_layers_are_placed_as_llama_cpp_places_them() -> None:
     assert place_units(30, 23, [1.0, 2.0]) == [-1] * 8 + [0] * 8 + [1] * 15
     assert place_units(30, -1, [1.0, 1.0]) == [0] * 16 + [1] * 15
     assert place_units(30, 0, [1.0]) == [-1] * 31
-    costs = LayerCosts((10,) * 4, 7, 100, 0)
+    costs = LayerCosts((10,) * 4, 7, (100,) * 4, 0)
     gpu = Device("RPC0", "127.0.0.1:50052", "gpu", 1 << 30, 1 << 30)
     here, there = device_shares(costs, 3, [gpu], None, embeddings_bytes=5)
     assert (here.layers, here.has_output, here.weights_bytes, here.kv_bytes) == ((0, 1), False, 25, 200)
