@@ -214,16 +214,21 @@ def test_runner_ps_shows_what_is_loaded(router: ServerProcess) -> None:
     assert all(line.endswith("10m") for line in lines[1:])
 
 
-def plan_mib(model: str, store: ModelStore) -> int:
-    options = EngineOptions(parallel=1, ctx_size=512)
-    return memory_plan_bytes(ServableModel(model, model, options), store) >> 20
+def plan_bytes(model: str, store: ModelStore) -> int:
+    return memory_plan_bytes(ServableModel(model, model, EngineOptions(parallel=1, ctx_size=512)), store)
+
+
+def mib(n_bytes: int) -> str:
+    """As the router's messages write sizes (rounded to the MiB)."""
+    return f"{n_bytes / (1 << 20):,.0f} MiB"
 
 
 def test_a_memory_budget_unloads_the_lru_idle_model_keeps_a_pinned_one_and_contains_a_bad_file(
         smollm2_path: Path, gemma_path: Path, model_cache: Path, tmp_path: Path) -> None:
     store = ModelStore(root=model_cache)
-    smol_mib, gemma_mib = plan_mib(SMOL, store), plan_mib(GEMMA, store)
-    budget = f"{max(smol_mib, gemma_mib) + min(smol_mib, gemma_mib) // 2}MiB"  # one at a time
+    smol_bytes, gemma_bytes = plan_bytes(SMOL, store), plan_bytes(GEMMA, store)
+    budget_mib = (max(smol_bytes, gemma_bytes) + min(smol_bytes, gemma_bytes) // 2) >> 20  # one at a time
+    budget = f"{budget_mib}MiB"
     (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 64)
     flags = ("--parallel", "1", "--ctx-size", "512", "--max-memory", budget, "--models-dir", str(tmp_path))
     server = ServerProcess(SMOL, model_cache, *flags, models=(SMOL, GEMMA))
@@ -243,8 +248,8 @@ def test_a_memory_budget_unloads_the_lru_idle_model_keeps_a_pinned_one_and_conta
         refused = chat(pinned, GEMMA, "Hi")
         assert refused.status_code == 500 and refused.json()["error"]["code"] == "insufficient_memory"
         assert refused.json()["error"]["message"] == (
-            f"'{GEMMA}' needs {gemma_mib:,} MiB but at most {int(budget[:-3]) - smol_mib:,} MiB can be freed for it "
-            f"({SMOL} pinned: {smol_mib:,} MiB)")
+            f"'{GEMMA}' needs {mib(gemma_bytes)} but at most {mib((budget_mib << 20) - smol_bytes)} can be freed for it "
+            f"({SMOL} pinned: {mib(smol_bytes)})")
         assert listed(pinned)[SMOL]["status"]["value"] == "loaded"
         child = listed(pinned)[SMOL]["pid"]
         pinned.proc.kill()  # the router ends without a word: its model processes follow
