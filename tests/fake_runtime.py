@@ -43,9 +43,11 @@ class FakeRuntime:
         self.kv[dst_seq] = list(self.kv.get(src_seq, []))
         self.copies.append((src_seq, dst_seq))
 
-    def usable_prefix(self, seq_id: int, n_keep: int) -> int:
+    def usable_prefix(self, seq_id: int, n_keep: int, copied: bool = False) -> int:
         if seq_id not in self.forgotten:
             return n_keep
+        if copied:  # (a checkpoint does not restore across a copy)
+            return 0
         return self.checkpoints[seq_id] if self.checkpoints.get(seq_id, n_keep + 1) <= n_keep else 0
 
     def checkpoint(self, seq_id: int, n_tokens: int) -> None:

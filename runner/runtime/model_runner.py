@@ -188,12 +188,17 @@ class ModelRunner:
         return removed
 
     # -- sliding-window layers (ContextShape.swa_full off: they keep their window and a micro-batch) --
-    def usable_prefix(self, seq_id: int, n_keep: int) -> int:
+    def usable_prefix(self, seq_id: int, n_keep: int, copied: bool = False) -> int:
         """How many of a sequence's first n_keep cached tokens a continuation can keep: all of them
         while its sliding-window layers still hold the cells the token after them sees; else as
-        many as its checkpoint holds (a prompt's end), or none."""
+        many as its checkpoint holds (a prompt's end), or none. `copied`: the continuation runs in
+        another sequence, which gets a copy of this one's KV first; a checkpoint cannot serve
+        there (one KV stream per sequence: llama.cpp copies a stream's data at the next decode,
+        over a window restored before it)."""
         if self.window == 0 or n_keep == 0 or self._window_holds(seq_id, n_keep):
             return n_keep
+        if copied:
+            return 0
         checkpoint = self._checkpoints.get(seq_id)
         return checkpoint[0] if checkpoint is not None and checkpoint[0] <= n_keep else 0
 

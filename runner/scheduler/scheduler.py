@@ -55,7 +55,7 @@ def check_prompt_length(n_prompt: int, n_ctx_per_slot: int) -> None:
 class KvOps(Protocol):
     def kv_remove(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool: ...
     def kv_copy_all(self, src_seq: int, dst_seq: int) -> None: ...
-    def usable_prefix(self, seq_id: int, n_keep: int) -> int: ...
+    def usable_prefix(self, seq_id: int, n_keep: int, copied: bool = False) -> int: ...
     def checkpoint(self, seq_id: int, n_tokens: int) -> None: ...
 
 
@@ -347,7 +347,7 @@ class Scheduler:
         """How much of the placement's cached prefix the prompt continues: whole images only, and what
         the runtime can still continue from (sliding-window layers may have let go of it)."""
         n_keep = seq.request.media_start_before(place.n_keep)
-        usable = self._kv.usable_prefix((place.copy_from or place.slot).id, n_keep)
+        usable = self._kv.usable_prefix((place.copy_from or place.slot).id, n_keep, copied=place.copy_from is not None)
         return usable if seq.request.media_start_before(usable) == usable else 0
 
     def _park(self, seq: Sequence) -> Slot:

@@ -143,3 +143,33 @@ def test_a_checkpoint_past_a_removal_is_dropped_not_offered_for_the_tokens_that_
     assert runner.usable_prefix(0, len(first)) == 0  # not the stale checkpoint's len(first)
     runner.kv_remove(0, 0, -1)
     slot.truncate(0)
+
+
+def test_a_prompt_copied_from_a_busy_slot_past_its_window_is_computed_again_not_from_the_checkpoint(
+        gemma_path: Path) -> None:
+    """A request sharing a busy slot's whole prompt, after that slot's reply has run past the window,
+    lands in the free slot with a copy of the busy one's KV. llama.cpp copies a KV stream's data at
+    the next decode, over any window a checkpoint restored before it, so the checkpoint cannot
+    serve there: the prompt is computed again, and the reply is a cold slot's."""
+    with Runner(gemma_path, log=lambda _: None, ctx_size=4096, batch_size=64, parallel=2) as r:
+        prompt = ids(r, year_by_year(1800, 1835))
+        engine, context = r.loaded.engine, r.loaded.runner.context
+        first = dataclasses.replace(r.request(prompt, max_tokens=600, temperature=0), ignore_eos=True)
+        engine.submit(first, lambda _: None)
+        while context.kv_pos_min(0) <= len(prompt) - r.loaded.model.n_swa:  # the busy slot's window moved on:
+            engine.step()  # what follows its prompt's end no longer sees all it needs
+        assert engine.scheduler.pool.slots[0].seq is not None  # (still busy)
+        follow_up = prompt + ids(r, " Now, in one word:")[1:]
+        events: list = []
+        engine.submit(dataclasses.replace(r.request(follow_up, max_tokens=4, temperature=0), ignore_eos=True),
+                      events.append)
+        while not (events and events[-1].is_final):
+            engine.step()
+        assert events[-1].usage.cached_tokens == 0
+        engine.cancel(first.request_id)
+        while engine.has_work:
+            engine.step()
+        for slot in engine.scheduler.pool.slots:
+            r.loaded.runner.kv_remove(slot.id, 0, -1)
+            slot.truncate(0)
+        assert [t for e in events for t in e.token_ids] == token_ids(reply(r, follow_up, n=4)[0])

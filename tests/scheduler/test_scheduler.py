@@ -215,6 +215,18 @@ def test_a_prefix_a_sliding_window_let_go_of_is_computed_again_or_from_its_check
     run_all(engine)
     assert ev[-1].usage.cached_tokens == 0
 
+    engine, rt = make_engine(n_slots=2, n_batch=256)  # a checkpoint does not restore into a copy
+    submit(engine, "busy", system + [45], max_tokens=30)
+    engine.step()
+    engine.step()
+    assert rt.checkpoints == {0: 101}
+    rt.forgotten.add(0)
+    ev = submit(engine, "next", system + [45, 47], max_tokens=2)  # (it shares the whole checkpointed prompt)
+    engine.step()
+    assert rt.copies == [] and rt.batches[-1][-1] == (1, system + [45, 47], 0, 1)
+    run_all(engine)
+    assert ev[-1].usage.cached_tokens == 0
+
     engine, rt = make_engine(n_slots=1)
     submit(engine, "x", [1, 2, 3, 4, 5, 6], max_tokens=3)  # the KV: the prompt, then 7 and 8
     run_all(engine)
