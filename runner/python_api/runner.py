@@ -29,6 +29,7 @@ from runner.model.request_builder import (
 from runner.prompt.chat_template import Message
 from runner.sampling.constraints import Constraint, GrammarSpec
 from runner.sampling.params import SamplingParams
+from runner.scheduler.engine import Engine
 from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
 
 _ids = itertools.count(1)
@@ -44,6 +45,16 @@ class BeamReply:
 
 def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
     return [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in messages]
+
+
+def _step(engine: Engine) -> None:
+    """One engine step. One that raises ends every request with the error and trusts no slot's KV
+    (the server's engine thread does the same), so no later call reuses what it left behind."""
+    try:
+        engine.step()
+    except Exception as exc:
+        engine.scheduler.fail_all(f"internal error: {exc}")
+        raise
 
 
 class Runner:
@@ -91,7 +102,7 @@ class Runner:
         finished = False
         try:
             while not finished:
-                engine.step()
+                _step(engine)
                 while events:
                     event = events.pop(0)
                     finished = finished or event.is_final
@@ -100,7 +111,7 @@ class Runner:
             if not finished:
                 engine.cancel(request.request_id)
                 while engine.has_work:
-                    engine.step()
+                    _step(engine)
 
     def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
                     **kwargs: Any) -> Iterator[StreamEvent]:
@@ -154,10 +165,10 @@ class Runner:
         finished = False
         try:
             while engine.has_work:
-                engine.step()
+                _step(engine)
             finished = True
         finally:
-            if not finished:  # (a step raised: the group ends, not waits for the next call)
+            if not finished:  # (interrupted: the group ends, not waits for the next call)
                 for request in requests:
                     engine.cancel(request.request_id)
         return out

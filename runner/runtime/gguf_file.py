@@ -116,10 +116,12 @@ class _Cursor:
 
     def scalars(self, fmt: str, count: int) -> tuple:
         """count scalars of one format, at most _VALUED_MAX of them (one per layer)."""
-        size = struct.calcsize("<" + fmt) * count
-        if count > _VALUED_MAX or self.pos + size > len(self.buf):
+        if count > _VALUED_MAX:
             raise ModelFileError(f"{self.path}: corrupt GGUF header (an array of {count} values where one "
                                  f"per layer, at most {_VALUED_MAX}, belongs)")
+        size = struct.calcsize("<" + fmt) * count
+        if self.pos + size > len(self.buf):
+            raise ModelFileError(f"{self.path}: truncated GGUF header (the file ends at byte {len(self.buf)})")
         values = struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos)
         self.pos += size
         return values

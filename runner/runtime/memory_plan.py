@@ -28,7 +28,8 @@ def available_ram_bytes() -> int:
 # The architectures whose sliding-window layout is known here: llama.cpp's default pattern for each
 # (layer i slides unless i % n == n - 1; its load_swa_pattern), which a pattern the GGUF states
 # overrides. A model of another architecture with a window is planned as if every layer kept the
-# whole context (and a checkpoint of every layer): an overestimate, never an underestimate.
+# whole context, with no checkpoint: an overestimate but for contexts under about twice its window
+# (llama.cpp may not even read the key: phi3's loader turns the window off).
 DEFAULT_WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2}
 _WINDOW_PAD = 256  # llama.cpp pads a sliding-window cache to a multiple of this many cells
 
@@ -84,12 +85,10 @@ def _layer_kv_per_slot(info: GgufInfo, options: EngineOptions) -> tuple[int, ...
 def _checkpoint_bytes_per_slot(info: GgufInfo, options: EngineOptions) -> int:
     """The host copy of a slot's sliding-window KV kept at its last prompt's end (at most the
     whole window: ModelRunner.checkpoint); none when the window layers keep the whole context or
-    the model has no window."""
-    if options.swa_full != "off" or not info.arch_int("attention.sliding_window", 0):
+    none are known."""
+    if options.swa_full != "off":
         return 0
-    flags = window_flags(info)
-    n_window = sum(flags) if flags is not None else info.arch_int("block_count", 0)
-    return _kv_bytes_per_cell_layer(info, options) * n_window * window_cells(info, options)
+    return _kv_bytes_per_cell_layer(info, options) * window_layers(info) * window_cells(info, options)
 
 
 def draft_options(options: EngineOptions) -> EngineOptions:

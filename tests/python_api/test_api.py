@@ -54,3 +54,24 @@ def test_a_requests_length_is_built_as_the_server_builds_it(tiny_gguf: Path) -> 
         assert r.request(prompt_ids, max_tokens=0).max_tokens == 0  # was silently 1024
         assert r.request(prompt_ids, max_tokens=10_000).max_tokens == 256 - 4
         assert r.complete("the cat", max_tokens=0) == ""
+
+
+def test_a_step_that_raises_ends_its_requests_and_leaves_no_slot_holding_kv(tiny_gguf: Path) -> None:
+    """As the server's engine thread does: the error reaches the caller, every request ends, and no
+    slot keeps KV a half-run step may have left unlike its tokens (a later call would reuse it)."""
+    with Runner(tiny_gguf, log=lambda _: None, parallel=2) as r:
+        prompt = r.loaded.text_prompt_ids("hello there")
+        assert "".join(e.text for e in r.stream(r.request(prompt, max_tokens=3, temperature=0)))
+        engine = r.loaded.engine
+        assert any(slot.cached_ids for slot in engine.scheduler.pool.slots)
+        propose = engine.drafts.propose
+
+        def broken(plan: object) -> None:
+            raise ValueError("a drafter broke")
+
+        engine.drafts.propose = broken  # type: ignore[method-assign]
+        with pytest.raises(ValueError, match="a drafter broke"):
+            r.choices("hello there", n=2, max_tokens=3)
+        assert not engine.has_work and all(not slot.cached_ids for slot in engine.scheduler.pool.slots)
+        engine.drafts.propose = propose  # type: ignore[method-assign]
+        assert len(r.choices("hello there", n=2, max_tokens=3)) == 2

@@ -89,3 +89,15 @@ def test_a_window_pattern_array_longer_than_any_model_has_layers_is_a_corrupt_he
     w.close()
     with pytest.raises(ModelFileError, match="an array of 600 values where one per layer, at most 512"):
         read_gguf(tmp_path / "bad.gguf")
+
+
+def test_a_window_pattern_array_running_past_the_end_is_a_truncated_header(tmp_path: Path) -> None:
+    w = GGUFWriter(str(tmp_path / "cut.gguf"), "gemma3")
+    w.add_array("gemma3.attention.sliding_window_pattern", [True] * 12)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    whole = (tmp_path / "cut.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:-6])  # (the array's last 6 flags are missing)
+    with pytest.raises(ModelFileError, match="truncated GGUF header"):
+        read_gguf(tmp_path / "cut.gguf")

@@ -89,8 +89,7 @@ def test_a_stated_window_pattern_wins_and_an_unknown_windowed_architecture_is_pl
     assert window_layers(unknown) == 0
     plan = MemoryPlan.for_model(unknown, EngineOptions(ctx_size=4096, batch_size=512, kv_type="f16"),
                                 available_bytes=1 << 40)
-    # every layer whole, and a checkpoint as if every layer had a window (the runtime takes one)
-    assert (plan.kv_per_slot_bytes, plan.checkpoint_per_slot_bytes) == (1024 * 12 * 4096, 1024 * 12 * 1024)
+    assert (plan.kv_per_slot_bytes, plan.checkpoint_per_slot_bytes) == (1024 * 12 * 4096, 0)  # every layer whole
 
 
 def test_a_gpu_holding_the_last_layers_holds_their_own_kv(tmp_path: Path) -> None:
