@@ -87,11 +87,14 @@ def test_drafts_rejected_past_the_window_leave_the_reply_as_without_drafts(gemma
     assert [t for e in events for t in e.token_ids] == plain
 
 
-def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_path: Path) -> None:
+@pytest.mark.parametrize("n_reply", [320, 800])
+def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_path: Path, n_reply: int) -> None:
     """An agent's next turn: the last prompt, then its own words. Where the reply ran past the window,
     the window's cells at the prompt's end are gone, but its checkpoint there serves: only what
     follows the prompt is computed, and its first token's logits are those of a whole-context cache
-    (later steps may differ in the last bits: F16 sums over cells in another order)."""
+    (later steps may differ in the last bits: F16 sums over cells in another order). A reply longer
+    than the window's cache (800 > 768) leaves nothing in it once the reply is removed: that too is
+    a window that does not hold."""
     prompt_years, turn_text = (1800, 1835), " Now, in one word:"
     replies = {}
     for swa_full in ("off", "on"):
@@ -99,7 +102,7 @@ def test_after_a_long_reply_the_next_turn_continues_from_the_prompts_end(gemma_p
             prompt = ids(r, year_by_year(*prompt_years))
             assert len(prompt) > r.loaded.model.n_swa
             if swa_full == "off":  # the window (its cache: 512 + 64 cells, padded to 768) moves on
-                reply(r, prompt, n=320)
+                reply(r, prompt, n=n_reply)
                 assert r.loaded.runner.context.kv_pos_min(0) > len(prompt) - r.loaded.model.n_swa
             else:  # (the reference: the same prompt's KV, whole)
                 reply(r, prompt, n=1)
