@@ -17,6 +17,10 @@ import httpx
 import openai
 
 URL_LINE = re.compile(r"on (http://127\.0\.0\.1:\d+)")
+# How long a request may take before a test calls the server hung: a deadline against hangs, never a
+# speed check. A router's first request for a model loads it (and calibrates --spec auto); on a fully
+# loaded 2-core machine that took over 60 s once.
+HANG_S = 300
 
 
 class ServerProcess:
@@ -41,7 +45,7 @@ class ServerProcess:
             for line in self.proc.stderr:
                 self.log_tail.append(line)
 
-    def _wait_for_url(self, timeout_s: float = 60) -> str:
+    def _wait_for_url(self, timeout_s: float = HANG_S) -> str:
         deadline = time.time() + timeout_s
         assert self.proc.stderr is not None
         seen = []
@@ -62,13 +66,13 @@ class ServerProcess:
 
     def get(self, path: str, **kw: object) -> httpx.Response:
         with self.explained():
-            return httpx.get(self.url + path, timeout=30, **kw)
+            return httpx.get(self.url + path, timeout=HANG_S, **kw)
 
     def post(self, path: str, **kw: object) -> httpx.Response:
         """POST; a JSON body for the API names the served model unless it says otherwise (`"model": None`
         sends none)."""
         with self.explained():
-            return httpx.post(self.url + path, timeout=60, **self.with_model(path, kw))
+            return httpx.post(self.url + path, timeout=HANG_S, **self.with_model(path, kw))
 
     @contextlib.contextmanager
     def explained(self) -> Iterator[None]:
