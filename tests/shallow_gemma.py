@@ -4,9 +4,11 @@ same chat template runner gives gemma), with one sliding-window and one full-att
 For tests whose point is what a long prompt does on the way through (rendering, tokenizing, a 32k
 slot, the stream's shape), not what the model answers: Claude Code's 20k-token request takes 16 s,
 not 82 (the output head is whole, and at that length the full-attention layers' share dominates:
-one layer of three). Served by its path, it has no catalog entry, so no draft model. The kept layers are the real model's layer 0 (sliding window) and layer 5 (its
-first full-attention layer: gemma 3 makes every sixth one global); a window pattern of 2 gives the
-cut model the same kinds in that order.
+one layer of three). Served by its path, it has no catalog entry, so no draft model.
+
+The kept layers are the real model's layer 0 (sliding window) and layer 5 (its first
+full-attention layer: gemma 3 makes every sixth one global); a window pattern of 2 gives the cut
+model the same kinds in that order.
 """
 
 from __future__ import annotations
