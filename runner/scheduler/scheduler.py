@@ -311,12 +311,10 @@ class Scheduler:
             seq = self.waiting[0]
             if not seq.group.can_admit(seq, self.pool.n_free):
                 break  # first come, first served: nothing overtakes it
+            # placed before it leaves the queue: where the runtime cannot set up its KV (a checkpoint
+            # that would not restore) it is still there for the step's failure (fail_all) to end
+            slot = self._place(seq)
             self.waiting.popleft()
-            try:
-                slot = self._place(seq)
-            except Exception:  # the runtime could not set up its KV (say, a checkpoint that would
-                self.waiting.appendleft(seq)  # not restore; the slot is emptied): it waits again, so that
-                raise  # the step's failure (fail_all) ends it with the others, not leaves it in no list
             seq.group.start(slot, self._park)
 
     def _place(self, seq: Sequence) -> Slot:
@@ -325,20 +323,15 @@ class Scheduler:
         # every prompt position's logits wanted (prompt logprobs): compute it all
         n_keep = 0 if seq.request.prompt_logprobs is not None else self._continuable(seq, place)
         slot, copy_from = place.slot, place.copy_from if n_keep else None
-        try:
-            if copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
-                self._kv.kv_copy_all(copy_from.id, slot.id)
-                if self.on_kv_copy is not None:
-                    self.on_kv_copy(copy_from.id, slot.id)
-                slot.replace(copy_from.cached_ids)
-                self.n_copied_prompt_tokens += n_keep
-            if n_keep < slot.n_cached:
-                self._kv.kv_remove(slot.id, n_keep, -1)
-                slot.truncate(n_keep)
-        except Exception:  # the slot's KV is no longer what it lists: emptied, so nothing reuses it
-            self._kv.kv_remove(slot.id, 0, -1)
-            slot.truncate(0)
-            raise
+        if copy_from is not None:  # another slot (maybe busy) holds the prefix: copy its KV
+            self._kv.kv_copy_all(copy_from.id, slot.id)
+            if self.on_kv_copy is not None:
+                self.on_kv_copy(copy_from.id, slot.id)
+            slot.replace(copy_from.cached_ids)
+            self.n_copied_prompt_tokens += n_keep
+        if n_keep < slot.n_cached:
+            self._kv.kv_remove(slot.id, n_keep, -1)
+            slot.truncate(n_keep)
         seq.n_cached_prompt = n_keep
         self.pool.occupy(slot, seq, n_keep)
         return slot

@@ -167,11 +167,12 @@ def test_a_placement_whose_kv_setup_fails_leaves_the_request_to_the_steps_failur
     with pytest.raises(RuntimeError, match="set_data_ext"):
         engine.step()
     assert [s.request_id for s in engine.scheduler.waiting] == ["y"]
-    slot = engine.scheduler.pool.slots[0]  # emptied: its KV is no longer what it listed
-    assert slot.cached_ids == [] and rt.kv[0] == [] and slot.seq is None
+    assert engine.scheduler.pool.slots[0].seq is None
     engine.scheduler.fail_all("internal error: llama_state_seq_set_data_ext failed")
     assert ev[-1].finish_reason == FinishReason.ERROR and "set_data_ext" in ev[-1].error
     assert not engine.has_work
+    slot = engine.scheduler.pool.slots[0]  # emptied: its KV is no longer what it listed
+    assert slot.cached_ids == [] and rt.kv[0] == [] and slot.seq is None
 
 
 def test_prefix_held_by_a_busy_slot_is_copied_into_a_free_one() -> None:
