@@ -48,6 +48,7 @@ from runner.runtime.llama import uses_extra_buffers  # noqa: E402
 
 WARM_UP = "Say hello to client {}."  # (no timed prompt repeats it: neither server finds a timed prompt cached)
 ALIAS = "bench"
+WHO = ("ours", "theirs")
 DEFAULT_LLAMA_SERVER = Path(__file__).parent.parent / ".cache/llama-server"
 GRAPH_COUNTER_SOURCE = Path(__file__).parent / "graph_counter.c"
 GRAPH_COUNTER_LIB = Path(__file__).parent.parent / ".cache/graph_counter.so"
@@ -251,24 +252,26 @@ def main() -> None:
     rows = []
     for c in args.concurrency:
         shape = Shape(args.slots or c, args.ctx_per_slot, args.batch, args.threads)
-        ports = {"ours": free_port(), "theirs": free_port()}
-        commands = {"ours": ours_command(model, shape, ports["ours"], ours_gpu),
-                    "theirs": theirs_command(binary, model, shape, ports["theirs"], theirs_gpu)}
-        counters = {who: GraphCounter(Path(f"/tmp/runner-bench-graphs-{os.getpid()}-{who}")) for who in ports}
-        envs = {who: counters[who].env() if args.count_graphs else None for who in ports}
+        counters = {who: GraphCounter(Path(f"/tmp/runner-bench-graphs-{os.getpid()}-{who}")) for who in WHO}
         servers: dict[str, tuple[subprocess.Popen, str]] = {}
+
+        def launch(who: str) -> None:
+            """Start (or start again) one server, on a port of its own (an old one may linger in TIME_WAIT)."""
+            if who in servers:
+                stop(servers.pop(who)[0])
+            port = free_port()
+            command = (ours_command(model, shape, port, ours_gpu) if who == "ours"
+                       else theirs_command(binary, model, shape, port, theirs_gpu))
+            servers[who] = started(command, port, c, counters[who].env() if args.count_graphs else None)
+
         try:
-            for who in ("ours", "theirs"):
-                servers[who] = started(commands[who], ports[who], c, envs[who])
+            for who in WHO:
+                launch(who)
             pairs = []
             for r in range(args.repeats):
                 if args.fresh_servers and r > 0:  # a new process pair: its own memory layout
-                    for who in ("ours", "theirs"):
-                        stop(servers.pop(who)[0])
-                        ports[who] = free_port()  # (not the old one: it may linger in TIME_WAIT)
-                        commands[who] = (ours_command(model, shape, ports[who], ours_gpu) if who == "ours"
-                                         else theirs_command(binary, model, shape, ports[who], theirs_gpu))
-                        servers[who] = started(commands[who], ports[who], c, envs[who])
+                    for who in WHO:
+                        launch(who)
                 runs = {}
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):  # alternate who goes first
                     for attempt in (1, 2):  # a server that stopped answering: started again, the turn again
@@ -280,8 +283,7 @@ def main() -> None:
                             if attempt == 2:
                                 raise
                             print(f"  c={c} pair {r} {who}: {exc}; restarting it", file=sys.stderr)
-                            stop(servers.pop(who)[0])
-                            servers[who] = started(commands[who], ports[who], c, envs[who])
+                            launch(who)
                     print(f"  c={c} pair {r} {who}: {runs[who].tokens_per_s:.1f} tok/s, "
                           f"mean TTFT {runs[who].mean_ttft_s * 1000:.0f} ms"
                           + (f", {runs[who].n_graphs} graphs, {runs[who].outside_graphs_s:.2f} s outside them"
