@@ -16,10 +16,11 @@ STATS = re.compile(r"\[(\d+) tokens, [\d.]+ tok/s, first token \d+ ms(?:, \d+ fr
 
 
 @pytest.fixture
-def chat(smollm2_path: Path, model_cache: Path):
+def chat(smollm2_path: Path, model_cache: Path, request: pytest.FixtureRequest):
+    max_tokens = getattr(request, "param", 400)  # (a test that needs no long reply asks for fewer)
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "runner", "chat", "smollm2-135m-instruct", "--temperature", "0", "--max-tokens", "400", "-q"],
+        ["-m", "runner", "chat", "smollm2-135m-instruct", "--temperature", "0", "--max-tokens", str(max_tokens), "-q"],
         env={**os.environ, "RUNNER_CACHE_DIR": str(model_cache), "TERM": "dumb"},
         encoding="utf-8",
         timeout=240,  # a reply may run to 400 tokens on a machine loaded by other work: wait for it
@@ -55,6 +56,7 @@ def test_reply_streams_and_ctrl_c_stops_it_without_exiting(chat: pexpect.spawn) 
     chat.expect(pexpect.EOF)
 
 
+@pytest.mark.parametrize("chat", [48], indirect=True)
 def test_clear_resets_history(chat: pexpect.spawn) -> None:
     first, _ = ask(chat, "What is the capital of France?")
     second, _ = ask(chat, "And of Italy?")
