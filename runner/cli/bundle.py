@@ -20,6 +20,9 @@ from runner.catalog.embedded import embedded_model, is_frozen
 from runner.core.errors import RunnerError
 
 SPEC = "build_exe.spec"
+# PyInstaller's one-file archive records offsets and sizes in 32 bits: the whole executable stays under
+# 4 GiB, and runner itself (Python, llama.cpp, the libraries) takes ~90 MB of it
+ONE_FILE_MAX_MODEL_BYTES = 2**32 - 256 * 2**20
 CPU_FEATURES_FILE = "cpu_features.txt"  # written at build time: the x86 features llama.cpp was compiled for
 # llama.cpp's feature names -> the flag /proc/cpuinfo shows for it
 CPUINFO_FLAG = {"SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma",
@@ -116,6 +119,12 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if read_gguf(model).n_splits > 1:
         raise RunnerError(f"{model.name} is one part of a split GGUF; a bundle carries one file (merge the parts "
                           "with llama.cpp's gguf-split --merge first)")
+    size = model.stat().st_size
+    if size > ONE_FILE_MAX_MODEL_BYTES:
+        limit = ONE_FILE_MAX_MODEL_BYTES / 2**30
+        raise RunnerError(f"{model.name} is {size / 2**30:.1f} GiB: a one-file executable holds {limit:.2f} GiB of "
+                          "model at most (PyInstaller's archive stays under 4 GiB in all); bundle a smaller quant, "
+                          "or serve this one with `runner serve`")
     repo = Path(__file__).resolve().parents[2]
     spec = repo / SPEC
     if not spec.exists():
