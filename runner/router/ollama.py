@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from runner.router.model_pool import ModelState, PoolError
 from runner.router.servable import ServableModel, name_of
 from runner.router.state import RouterState
-from runner.server import ollama_api, ollama_models, ollama_pulls, ollama_routes
+from runner.server import ollama_models, ollama_pulls, ollama_routes
 from runner.server.edge import check_key
 from runner.server.errors import ApiError
 from runner.server.guards import read_body
@@ -23,22 +23,11 @@ from runner.server.request_fields import check_model, parse_json
 Handler = Callable[[RouterState, Request], Awaitable[Response]]
 
 
-def _ollama_errors(handler: Handler) -> Handler:
-    async def answer(state: RouterState, request: Request) -> Response:
-        try:
-            return await handler(state, request)
-        except ApiError as exc:
-            return ollama_api.error_response(exc)
-
-    answer.__name__ = handler.__name__
-    return answer
-
-
 async def version(state: RouterState, request: Request) -> Response:
     return JSONResponse({"version": ollama_models.OLLAMA_VERSION})
 
 
-@_ollama_errors
+@ollama_routes.ollama_errors
 async def tags(state: RouterState, request: Request) -> Response:
     check_key(state.api_key, request)
     listed = []
@@ -49,7 +38,7 @@ async def tags(state: RouterState, request: Request) -> Response:
     return JSONResponse({"models": listed})
 
 
-@_ollama_errors
+@ollama_routes.ollama_errors
 async def ps(state: RouterState, request: Request) -> Response:
     check_key(state.api_key, request)
     running = []
@@ -61,7 +50,7 @@ async def ps(state: RouterState, request: Request) -> Response:
     return JSONResponse({"models": running})
 
 
-@_ollama_errors
+@ollama_routes.ollama_errors
 async def show(state: RouterState, request: Request) -> Response:
     check_key(state.api_key, request)
     body = parse_json(await read_body(request, state.max_body_bytes))
@@ -75,7 +64,7 @@ async def show(state: RouterState, request: Request) -> Response:
     return JSONResponse(ollama_models.show(info))
 
 
-@_ollama_errors
+@ollama_routes.ollama_errors
 async def pull(state: RouterState, request: Request) -> Response:
     """/api/pull: into the cache, and servable from then on."""
     check_key(state.api_key, request)
@@ -90,7 +79,7 @@ async def pull(state: RouterState, request: Request) -> Response:
     return await ollama_pulls.pull_response(store, body, servable)
 
 
-@_ollama_errors
+@ollama_routes.ollama_errors
 async def delete(state: RouterState, request: Request) -> Response:
     """/api/delete: unloaded first (409 while it answers requests), then its files removed."""
     check_key(state.api_key, request)

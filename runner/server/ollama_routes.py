@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -22,10 +22,13 @@ from runner.server.state import ServerState
 from runner.server.streaming import run
 
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
+State = TypeVar("State")  # a model's server's state, or a router's (router/ollama.py)
 
 
-def _ollama_errors(handler: Handler) -> Handler:
-    async def answer(state: ServerState, request: Request) -> Response:
+def ollama_errors(handler: Callable[[State, Request], Awaitable[Response]]) -> Callable[[State, Request],
+                                                                                       Awaitable[Response]]:
+    """The handler's ApiErrors answered in Ollama's envelope."""
+    async def answer(state: State, request: Request) -> Response:
         try:
             return await handler(state, request)
         except ApiError as exc:
@@ -35,7 +38,7 @@ def _ollama_errors(handler: Handler) -> Handler:
     return answer
 
 
-@_ollama_errors
+@ollama_errors
 async def chat(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     params = ollama_api.parse_chat(body, state.facts.ctx_size)
@@ -43,7 +46,7 @@ async def chat(state: ServerState, request: Request) -> Response:
     return await _generate(state, request, params, body, is_chat=True)
 
 
-@_ollama_errors
+@ollama_errors
 async def generate(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     params = ollama_api.parse_generate(body, state.facts.ctx_size)
@@ -69,7 +72,7 @@ async def _generate(state: ServerState, request: Request, params: Any, body: dic
     return await run(state, request, gens, builder, params.common.stream, media_type=ollama_api.NDJSON)
 
 
-@_ollama_errors
+@ollama_errors
 async def embed_route(state: ServerState, request: Request) -> Response:
     """/api/embed: {model, input: text or texts} -> {embeddings}; /api/embeddings (older): {prompt} -> {embedding}."""
     started_ns = time.monotonic_ns()
@@ -102,13 +105,13 @@ async def version(state: ServerState, request: Request) -> Response:
     return JSONResponse({"version": ollama_models.OLLAMA_VERSION})
 
 
-@_ollama_errors
+@ollama_errors
 async def tags(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
     return JSONResponse({"models": [ollama_models.tag(name, state.facts.gguf) for name in state.model_ids]})
 
 
-@_ollama_errors
+@ollama_errors
 async def ps(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
     return JSONResponse({"models": [ollama_models.running(state.served_name, state.facts.gguf,
@@ -116,7 +119,7 @@ async def ps(state: ServerState, request: Request) -> Response:
                                                           int(state.facts.placement.get("gpu_bytes", 0)))]})
 
 
-@_ollama_errors
+@ollama_errors
 async def show(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     check_model(request_model(body), state.model_ids)
@@ -124,13 +127,13 @@ async def show(state: ServerState, request: Request) -> Response:
 
 
 # -- the cache ---------------------------------------------------------------------------------
-@_ollama_errors
+@ollama_errors
 async def pull(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     return await ollama_pulls.pull_response(ModelStore(), body, lambda name: None)
 
 
-@_ollama_errors
+@ollama_errors
 async def delete(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     name = ollama_pulls.model_named(body)
