@@ -26,7 +26,7 @@ WINDOW_PATTERN = 2  # llama.cpp: layer i slides unless i % pattern == pattern - 
 def shallow_gemma(source: Path, cache: Path) -> Path:
     """The cut model, written once into a folder of the cache that no model listing reads (reading
     the source's 262k-token vocabulary takes ~10 s); its name carries this file's hash, so a
-    changed writer writes it again."""
+    changed writer writes it again, and removes the one (192 MB) an older writer left."""
     digest = hashlib.sha256(Path(__file__).read_bytes() + source.name.encode()).hexdigest()[:12]
     out = cache / "derived" / f"gemma-3-270m-2-layers-{digest}.gguf"
     if not out.exists():
@@ -34,6 +34,9 @@ def shallow_gemma(source: Path, cache: Path) -> Path:
         partial = out.with_suffix(".partial")
         write_shallow_gemma(source, partial)
         partial.rename(out)
+        for stale in out.parent.glob("gemma-3-270m-2-layers-*"):
+            if stale != out:
+                stale.unlink()
     return out
 
 
