@@ -23,10 +23,10 @@ from runner.server.streaming import run
 
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
 State = TypeVar("State")  # a model's server's state, or a router's (router/ollama.py)
+AnyHandler = Callable[[State, Request], Awaitable[Response]]
 
 
-def ollama_errors(handler: Callable[[State, Request], Awaitable[Response]]) -> Callable[[State, Request],
-                                                                                       Awaitable[Response]]:
+def ollama_errors(handler: AnyHandler[State]) -> AnyHandler[State]:
     """The handler's ApiErrors answered in Ollama's envelope."""
     async def answer(state: State, request: Request) -> Response:
         try:
