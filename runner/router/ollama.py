@@ -54,13 +54,17 @@ async def ps(state: RouterState, request: Request) -> Response:
 async def show(state: RouterState, request: Request) -> Response:
     check_key(state.api_key, request)
     body = parse_json(await read_body(request, state.max_body_bytes))
-    requested = body.get("model") if isinstance(body, dict) else None
-    check_model(requested if isinstance(requested, str) else None, state.pool.ids())
+    requested = ollama_routes.request_model(body, older_name="name")
+    check_model(requested, state.pool.ids())
     name = state.pool.name_of(str(requested))
-    model = next(s.model for s in state.pool.statuses() if s.model.name == name)
-    info = state.describe(model)
+    status = next(s for s in state.pool.statuses() if s.model.name == name)
+    info = state.describe(status.model)
+    if info is None and status.failure:
+        raise ApiError(500, f"model '{requested}' cannot be read: {status.failure}", "server_error",
+                       code="model_load_failed")
     if info is None:
-        raise ApiError(404, f"model '{requested}' is not pulled yet: a first request for it pulls it", code="not_found")
+        raise ApiError(404, f"model '{requested}' has no readable file here yet: a first request for it pulls it "
+                            "(or says what is wrong with its file)", code="not_found")
     return JSONResponse(ollama_models.show(info))
 
 

@@ -3,9 +3,11 @@ client that goes away closes the upstream connection, which cancels the generati
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -13,40 +15,65 @@ from starlette.types import Receive, Scope, Send
 
 from runner.router.upstream import Upstream, UpstreamError, UpstreamResponse
 from runner.server.errors import ApiError
+from runner.server.streaming import wait_for_disconnect
 
 # headers that describe one connection, not the message (RFC 9110 7.6.1), or that either side sets itself;
 # Host and Origin were checked here (the model process would see a foreign origin on its private socket)
 _REQUEST_DROP = {"host", "origin", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
 _RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+T = TypeVar("T")
 
 
 async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
                   on_done: Callable[[], None]) -> Response:
     """The model process's answer to this request; on_done runs once when it has been passed on
-    (or failed)."""
+    (or failed, or the client left)."""
     headers = [(k, v) for k, v in request.headers.items() if k not in _REQUEST_DROP]
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    gone = asyncio.ensure_future(wait_for_disconnect(request))  # (the body was read: what comes next is the end)
+    answer: UpstreamResponse | None = None
+    is_streamed = False
     try:
-        answer = await upstream.request(request.method, target, headers, body)
-    except UpstreamError:
-        on_done()
-        raise ApiError(502, f"the model process for '{model}' is not answering (it may have crashed); the next "
-                            "request loads it again", "server_error", code="model_process_failed") from None
-    except BaseException:
-        on_done()
-        raise
-    response_headers = {k: v for k, v in answer.headers if k not in _RESPONSE_DROP}
-    if not answer.header("content-type").startswith("text/event-stream"):
-        try:
-            content = await answer.read()
-        except UpstreamError:
-            raise ApiError(502, f"the model process for '{model}' stopped while answering", "server_error",
-                           code="model_process_failed") from None
-        finally:
-            await answer.close()
-            on_done()
+        answer = await _unless_gone(gone, upstream.request(request.method, target, headers, body))
+        response_headers = {k: v for k, v in answer.headers if k not in _RESPONSE_DROP}
+        if answer.header("content-type").startswith("text/event-stream"):
+            gone.cancel()  # the stream watches for its client from here on, and calls on_done
+            is_streamed = True
+            return _RelayedStream(answer, on_done, response_headers, request.url.path, model)
+        content = await _unless_gone(gone, answer.read())
         return Response(content, status_code=answer.status, headers=response_headers)
-    return _RelayedStream(answer, on_done, response_headers, request.url.path, model)
+    except _ClientGone:  # closing the upstream connection (below) cancels the generation there
+        return Response(status_code=499)
+    except UpstreamError:
+        if answer is None:
+            raise ApiError(502, f"the model process for '{model}' is not answering (it may have crashed); the next "
+                                "request loads it again", "server_error", code="model_process_failed") from None
+        raise ApiError(502, f"the model process for '{model}' stopped while answering", "server_error",
+                       code="model_process_failed") from None
+    finally:
+        if not is_streamed:
+            gone.cancel()
+            if answer is not None:
+                await answer.close()
+            on_done()
+
+
+class _ClientGone(Exception):
+    """The client left before its answer was passed on."""
+
+
+async def _unless_gone(gone: asyncio.Future[None], work: Awaitable[T]) -> T:
+    """work's result, unless the client leaves first (then work is cancelled and _ClientGone raised)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise _ClientGone
+    return task.result()
 
 
 class _RelayedStream(StreamingResponse):

@@ -100,6 +100,9 @@ class Upstream:
                 if conn.n_requests:  # a kept connection the process had closed meanwhile: a fresh one
                     continue
                 raise UpstreamError(f"the model process did not answer: {exc!r}") from None
+            except BaseException:  # cancelled (its client left): closing tells the process so
+                conn.close()
+                raise
             conn.n_requests += 1
             return self._response(raw, conn)
 

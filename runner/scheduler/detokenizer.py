@@ -62,10 +62,15 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
 def longest_prefix_tail(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of some stop string (text held back:
     it may still become one)."""
-    longest = 0
+    if not text:
+        return 0
+    longest, last = 0, text[-1]
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
+        # a tail of n characters can match only where stop[n - 1] is text's last character
+        i = stop.rfind(last, 0, min(len(stop) - 1, len(text)))
+        while i >= longest:
+            if text.endswith(stop[: i + 1]):
+                longest = i + 1
                 break
+            i = stop.rfind(last, 0, i)
     return longest

@@ -176,8 +176,9 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     if not any(t.role != "system" for t in turns):
         raise invalid("messages: at least one user or assistant message is required", "messages")
     stop = body.get("stop_sequences") or []
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+    if not isinstance(stop, list):
         raise invalid("stop_sequences must be a list of strings", "stop_sequences")
+    stop = request_fields.stop_strings(stop, "stop_sequences")
     temperature = TEMPERATURE.read(body, 1.0)
     sampling = SamplingParams(temperature=temperature, top_p=request_fields.SAMPLING["top_p"].read(body, _DEFAULTS.top_p),
                               top_k=request_fields.SAMPLING["top_k"].read(body, _DEFAULTS.top_k))
@@ -186,7 +187,7 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     show_thinking, budget = _thinking(body.get("thinking"), body.get("output_config"))
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
-                          stop=tuple(s for s in stop if s), stream=stream)
+                          stop=stop, stream=stream)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                       images=tuple(images.images),
                       ignored_tools=ignored, show_thinking=show_thinking, thinking_budget=budget)

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Lifespan
 
+from runner.server import anthropic_messages, ollama_api
 from runner.server.errors import ApiError
 from runner.server.guards import HostPolicy, RequestGuard
 from runner.server.routes import routes
@@ -45,16 +46,26 @@ def assembled(table: list[BaseRoute], lifespan: Lifespan, hosts: HostPolicy, cor
     return Starlette(routes=table, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
 
+def enveloped(path: str, exc: ApiError) -> Response:
+    """The error in the envelope of the dialect whose path it is: Anthropic's, Ollama's, else OpenAI's."""
+    if path.startswith("/v1/messages"):
+        return anthropic_messages.error_response(exc)
+    if path.startswith("/api/"):
+        return ollama_api.error_response(exc)
+    return exc.response()
+
+
 async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return enveloped(request.url.path, exc)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", code=code).response()
+    return enveloped(request.url.path, ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
+                                                code=code))
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
-    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error").response()
+    return enveloped(request.url.path, ApiError(500, f"internal error: {type(exc).__name__}", "server_error"))

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from starlette.datastructures import MutableHeaders
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.server.errors import ApiError
@@ -112,11 +112,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         if int(declared) > max_bytes:
             raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # (nobody reads the answer: it only keeps the log free of a traceback)
+        raise ApiError(499, "the client left before its request's body arrived", code="client_disconnected") from None
     return b"".join(chunks)
 
 

@@ -144,7 +144,10 @@ def _turn(index: int, message: Any, images: ImageParts) -> Message:
     if not isinstance(content, str):
         raise invalid(f"{where}.content must be a string", where)
     content += _image_marks(message.get("images"), f"{where}.images", images)
-    calls = tuple(_call(f"{where}.tool_calls.{j}", c) for j, c in enumerate(message.get("tool_calls") or []))
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise invalid(f"{where}.tool_calls must be a list", f"{where}.tool_calls")
+    calls = tuple(_call(f"{where}.tool_calls.{j}", c) for j, c in enumerate(tool_calls))
     tool_name = message.get("tool_name")
     return Message(message["role"], content, calls, tool_call_id=tool_name if isinstance(tool_name, str) else None)
 
@@ -205,14 +208,10 @@ def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
         raise invalid(f"num_ctx {num_ctx} is more than a slot holds here ({ctx_size} tokens): start the server with "
                       f"--ctx-size {num_ctx}", "num_ctx")
     num_predict = request_fields.Field("num_predict", "integer", "").read(options)
-    stop = options.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise invalid("options.stop must be a list of strings", "stop")
+    stop = request_fields.stop_strings(options.get("stop") or None, "stop")
     return CommonParams(model=request_fields.MODEL.read(body), sampling=_sampling(options),
                         max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
-                        stop=tuple(s for s in stop if s), stream=stream, grammar=_format(body.get("format")))
+                        stop=stop, stream=stream, grammar=_format(body.get("format")))
 
 
 def _sampling(options: dict[str, Any]) -> SamplingParams:

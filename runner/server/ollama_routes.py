@@ -93,8 +93,11 @@ async def embed_route(state: ServerState, request: Request) -> Response:
                          "prompt_eval_count": sum(len(x) for x in ids)})
 
 
-def request_model(body: dict[str, Any]) -> str | None:
+def request_model(body: dict[str, Any], older_name: str | None = None) -> str | None:
+    """The body's model; where Ollama's API once named the field otherwise (/api/show: "name"), that too."""
     model = body.get("model")
+    if model is None and older_name is not None:
+        model = body.get(older_name)
     if model is not None and not isinstance(model, str):
         raise invalid("model must be a string", "model")
     return model
@@ -122,7 +125,7 @@ async def ps(state: ServerState, request: Request) -> Response:
 @ollama_errors
 async def show(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
-    check_model(request_model(body), state.model_ids)
+    check_model(request_model(body, older_name="name"), state.model_ids)
     return JSONResponse(ollama_models.show(state.facts.gguf))
 
 

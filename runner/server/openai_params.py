@@ -31,6 +31,7 @@ from runner.server.request_fields import (
     distinct_tools,
     function_tool,
     is_kind,
+    stop_strings,
 )
 
 MAX_STOP_STRINGS = 4
@@ -71,6 +72,7 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 MAX_LOGIT_BIAS = 100.0
+MAX_TOKEN_ID_DIGITS = 9  # above any vocabulary; a longer key would only make int() slow (or refuse past 4300 digits)
 LOGIT_BIAS_SCHEMA = {"type": "object", "description": "token id -> bias in [-100, 100] added to its logit",
                      "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}
 
@@ -84,7 +86,7 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         raise invalid("'logit_bias' must be an object of token id -> bias", "logit_bias", "invalid_type")
     out = []
     for key, bias in value.items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
             raise invalid(f"'logit_bias' keys must be token ids, got {json.dumps(key)}", "logit_bias")
         if not is_kind(bias, "number") or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
             raise invalid(f"'logit_bias' values must be numbers in [-100, 100], got {json.dumps(bias)} for {key}",
@@ -135,19 +137,6 @@ def _grammar(body: dict) -> GrammarSpec | None:
     return GrammarSpec("json_schema", _json_text(spec.get("schema", {}), "response_format"), "response_format")
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    value = body.get("stop")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid("'stop' must be a string or a list of strings", "stop", "invalid_type")
-    if len(value) > MAX_STOP_STRINGS:
-        raise invalid(f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(value)}", "stop")
-    return tuple(s for s in value if s)
-
-
 def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     _refuse_unsupported(body)
     model = MODEL.read(body)
@@ -172,7 +161,8 @@ def _common(body: dict, logprobs_key_is_int: bool) -> CommonParams:
     seed = SEED.read(body)
     sampling = SamplingParams(**{name: field.read(body, getattr(_DEFAULTS, name)) for name, field in SAMPLING.items()},
                               seed=None if seed is None else seed % 2**64, logit_bias=_logit_bias(body))
-    common = CommonParams(model=model, sampling=sampling, max_tokens=max_tokens, stop=_stop(body), stream=stream,
+    common = CommonParams(model=model, sampling=sampling, max_tokens=max_tokens,
+                          stop=stop_strings(body.get("stop"), "stop", MAX_STOP_STRINGS), stream=stream,
                           include_usage=include_usage, n_top_logprobs=n_top, ignore_eos=IGNORE_EOS.read(body, False),
                           grammar=_grammar(body), n=n)
     return dataclasses.replace(common, beam=_beam(body, common))

@@ -196,7 +196,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if not isinstance(include, list):
             raise invalid("'include' must be a list", "include", "invalid_type")
         for value in include:
-            if value not in INCLUDABLE:
+            if not isinstance(value, str) or value not in INCLUDABLE:
                 raise invalid(f"'include': {json.dumps(value)} is not supported by this server", "include",
                               "unsupported_parameter")
 

@@ -89,6 +89,25 @@ SAMPLING = {  # SamplingParams field -> its request parameter (the dialects that
 }
 
 
+MAX_STOP_CHARS = 1000  # each stop string is looked for after every token, on the engine thread
+MAX_STOP_STRINGS = 64  # where the dialect sets no count of its own (OpenAI's is 4)
+
+
+def stop_strings(value: Any, param: str, max_count: int = MAX_STOP_STRINGS) -> tuple[str, ...]:
+    """A dialect's stop strings (one string or a list of them; None: none), empty ones dropped."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid(f"'{param}' must be a string or a list of strings", param, "invalid_type")
+    if len(value) > max_count:
+        raise invalid(f"'{param}' takes at most {max_count} strings, got {len(value)}", param)
+    if any(len(s) > MAX_STOP_CHARS for s in value):
+        raise invalid(f"'{param}': a stop string may be at most {MAX_STOP_CHARS} characters long", param)
+    return tuple(s for s in value if s)
+
+
 def check_model(requested: str | None, served: list[str]) -> None:
     if requested is None:
         raise invalid(f"'model' is required; this server serves: {', '.join(served)}", "model",

@@ -87,7 +87,7 @@ async def _stream(state: ServerState, request_ids: list[str], events: asyncio.Qu
             _cancel(state, request_ids)
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(request: Request) -> None:
     """Returns once the client has gone (the body was read, so the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -96,7 +96,7 @@ async def _wait_for_disconnect(request: Request) -> None:
 async def _collect(state: ServerState, request: Request, request_ids: list[str], events: asyncio.Queue[StreamEvent],
                    builder: ReplyBuilder, headers: dict[str, str]) -> Response:
     """A whole (non-streamed) reply; a client that leaves meanwhile cancels its request at once."""
-    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
     finished = False
     n_running = len(request_ids)
     try:

@@ -78,6 +78,10 @@ def stream_text(server: ServerProcess, model: str, content: str, max_tokens: int
     return text, done
 
 
+def router_post(server: ServerProcess, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
 def unload(server: ServerProcess, model: str) -> None:
     response = server.post("/models/unload", json={"model": model})
     assert response.status_code == 200, response.text
@@ -240,6 +244,8 @@ def test_a_memory_budget_unloads_the_lru_idle_model_keeps_a_pinned_one_and_conta
         broken = chat(server, "broken", "Hi")
         assert broken.status_code == 500 and broken.json()["error"]["code"] == "model_load_failed"
         assert broken.json()["error"]["message"].startswith("'broken' cannot load: ")
+        shown = router_post(server, "/api/show", {"name": "broken"})  # Ollama's older field name
+        assert shown.status_code == 500 and shown.json()["error"].startswith("model 'broken' cannot be read: ")
         assert reply_text(chat(server, SMOL, "Hi", max_tokens=2))  # gemma, idle now, makes room
     finally:
         server.stop()
@@ -297,6 +303,25 @@ def test_a_client_that_leaves_mid_stream_releases_its_model(router: ServerProces
     assert wait_for(lambda: all(s["state"] == "idle" for s in router.get("/slots", params={"model": SMOL}).json()))
 
 
+def generated_tokens(server: ServerProcess, model: str) -> int:
+    metrics = server.get("/metrics").text
+    prefix = f'runner_generated_tokens_total{{model="{model}"}} '
+    return int(float(next(line for line in metrics.splitlines() if line.startswith(prefix)).split()[-1]))
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/api/generate"])
+def test_a_client_that_leaves_before_a_whole_reply_releases_its_model_and_slot(router: ServerProcess, path: str) -> None:
+    before = generated_tokens(router, SMOL)
+    body = {"model": SMOL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 2000, "ignore_eos": True, "temperature": 0,
+            "stream": False, "options": {"num_predict": 2000, "temperature": 0}}  # (Ollama reads options)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up 1 s into the reply (connecting may take longer)
+        httpx.post(router.url + path, json=body, timeout=httpx.Timeout(1.0, connect=30.0))
+    assert wait_for(lambda: listed(router)[SMOL]["requests_in_flight"] == 0)
+    assert wait_for(lambda: all(s["state"] == "idle" for s in router.get("/slots", params={"model": SMOL}).json()))
+    # cancelled, not run on to the slot's end (~1,000 tokens: --ctx-size 1024)
+    assert 0 < generated_tokens(router, SMOL) - before < 600
+
+
 def test_embeddings_name_their_model_the_same_way(router: ServerProcess, serve_smollm2) -> None:  # type: ignore[no-untyped-def]
     body = {"model": SMOL, "input": ["a red bicycle", "the sea"]}
     through_router = router.post("/v1/embeddings", json=body)
@@ -314,6 +339,7 @@ def test_ollamas_api_through_the_router_lists_shows_loads_and_unloads(router: Se
         assert [m.model for m in client.list().models] == [SMOL, GEMMA]
         shown = client.show(GEMMA)  # from the file's header: nothing loads
         assert shown.details.family == "gemma3" and listed(router)[GEMMA]["status"]["value"] == "unloaded"
+        assert router_post(router, "/api/show", {"name": GEMMA}).json()["details"]["family"] == "gemma3"  # older field
         assert client.generate(model=GEMMA, prompt="").done_reason == "load"
         assert GEMMA in [m.model for m in client.ps().models]
         reply = client.chat(model=GEMMA, messages=[{"role": "user", "content": "Hi"}],

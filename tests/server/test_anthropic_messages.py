@@ -72,6 +72,9 @@ def test_with_every_tool_left_out_auto_means_no_tools() -> None:
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool", "name": [1]}, "tools": [WEATHER]},
      "tool_choice"),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "only this"}]}, "messages"),
+    ({"max_tokens": 5, "messages": ASK, "stop_sequences": "END"}, "stop_sequences"),
+    ({"max_tokens": 5, "messages": ASK, "stop_sequences": [str(i) for i in range(65)]}, "stop_sequences"),
+    ({"max_tokens": 5, "messages": ASK, "stop_sequences": ["x" * 1001]}, "stop_sequences"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as caught:

@@ -5,17 +5,20 @@ client sees, and nothing reaches the engine."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from engines import load_tiny
 from runner.server.app import create_app
 from runner.server.state import ServerState
 from runner.server.engine_thread import EngineThread
-from runner.server.guards import HostPolicy
+from runner.server.errors import ApiError
+from runner.server.guards import HostPolicy, read_body
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 
@@ -138,3 +141,15 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(client: Test
     assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "prompt"
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x" * n_chars}]})
     assert error(r) == (400, "context_length_exceeded") and r.json()["error"]["param"] == "messages"
+
+
+def test_a_client_that_leaves_mid_body_is_a_quiet_499() -> None:
+    messages = iter([{"type": "http.request", "body": b'{"messa', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict:
+        return next(messages)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [(b"content-length", b"999")]}
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_body(Request(scope, receive), max_bytes=1000))
+    assert (caught.value.status, caught.value.code) == (499, "client_disconnected")

@@ -127,6 +127,10 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
      "messages.0.images.0: not an image this server reads"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0: role must be"),
     ({"messages": [{"role": "user", "content": "hi"}], "format": "yaml"}, 400, "format must be"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": 5}]}, 400,
+     "messages.0.tool_calls must be a list"),
+    ({"messages": [{"role": "user", "content": "hi"}], "options": {"stop": ["."] * 65}}, 400,
+     "'stop' takes at most 64 strings"),
 ])
 def test_bad_input_is_a_4xx_in_ollamas_envelope(server: ServerProcess, body: dict, status: int, message: str) -> None:
     reply = server.post("/api/chat", json={"model": MODEL, **body})

@@ -98,7 +98,8 @@ def test_logit_bias_becomes_sorted_pairs() -> None:
     assert params.common.sampling.logit_bias == ((7, -100.0), (50, 5.0))
 
 
-@pytest.mark.parametrize("value", [{"a": 1}, {"-3": 1}, {"5": 101}, {"5": "x"}, {"5": -100.5}, [1, 2]])
+@pytest.mark.parametrize("value", [{"a": 1}, {"-3": 1}, {"5": 101}, {"5": "x"}, {"5": -100.5}, [1, 2],
+                                   {"\u00b2": 1}, {"\u0663": 1}, {"9" * 5000: 1}])  # (non-ASCII digits; 5,000 of them)
 def test_bad_logit_bias_names_the_field(value: object) -> None:
     with pytest.raises(ApiError) as caught:
         parse_chat({"messages": MSG, "logit_bias": value})

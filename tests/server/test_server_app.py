@@ -137,3 +137,22 @@ def test_the_server_does_the_first_requests_one_off_work_before_it_answers(app_s
     assert "max_token_bytes" not in vars(model)  # (scanned lazily: the whole vocabulary)
     with TestClient(create_app(app_state), base_url="http://127.0.0.1"):
         assert "max_token_bytes" in vars(model)
+
+
+def test_errors_outside_a_handler_come_in_the_envelope_of_the_paths_dialect(app_state: ServerState,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("runner.server.ollama_api.parse_chat", broken)
+    app = create_app(app_state)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        missing = client.post("/v1/messages/xyz", json={})
+        assert missing.status_code == 404
+        assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "not_found_error"
+        wrong_method = client.get("/v1/messages")
+        assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "api_error"
+        assert client.get("/api/nothing").json() == {"error": "Not Found: GET /api/nothing"}
+        failed = client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        assert (failed.status_code, failed.json()) == (500, {"error": "internal error: RuntimeError"})
+        assert client.get("/v1/nothing").json()["error"]["code"] == "not_found"  # OpenAI's, elsewhere
