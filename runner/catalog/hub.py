@@ -23,7 +23,9 @@ import hashlib
 import json
 import os
 import re
+import socket
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,12 +317,21 @@ def search(text: str, limit: int = 10) -> list[Found]:
 
     if is_offline():
         raise PullError("searching needs the Hub, and HF_HUB_OFFLINE is set")
+    if not text.strip():
+        raise PullError("nothing to search for: give a few words of the model's name")
+    if limit < 1:
+        raise PullError(f"--limit must be at least 1, got {limit}")
+    host = urllib.parse.urlsplit(endpoint()).hostname or ""
+    try:  # (huggingface_hub retries a listing for 24 s when offline: the name's lookup fails at once)
+        socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise PullError(f"no network: cannot reach {endpoint()} ({exc.strerror or exc})") from None
     api = HfApi(endpoint=endpoint(), token=_token())
     ref = HubRef(text)
     try:
         hits = list(api.list_models(search=text, filter="gguf", sort="downloads", limit=limit))
     except Exception as exc:  # noqa: BLE001
-        raise _readable_hub_error(exc, ref) from None
+        raise _readable_hub_error(exc, ref, "search the Hub for") from None
     found = []
     for hit in hits:
         try:
@@ -357,7 +368,7 @@ def _ask_hub(ref: HubRef) -> tuple[str, list[HubFile]]:
     return info.sha, files
 
 
-def _readable_hub_error(exc: Exception, ref: HubRef) -> PullError:
+def _readable_hub_error(exc: Exception, ref: HubRef, doing: str = "pull") -> PullError:
     from huggingface_hub import errors
 
     where = endpoint()
@@ -379,14 +390,16 @@ def _readable_hub_error(exc: Exception, ref: HubRef) -> PullError:
     if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)) or _is_network(exc):
         return PullError(f"no network: cannot reach {where} ({type(exc).__name__}); a model pulled before "
                          "loads offline, and HF_HUB_OFFLINE=1 skips the Hub")
-    return PullError(f"could not pull {ref.text}: {type(exc).__name__}: {exc}")
+    return PullError(f"could not {doing} {ref.text}: {type(exc).__name__}: {exc}")
 
 
 def _is_network(exc: BaseException) -> bool:
-    import httpx
-
+    """Whether the network failed somewhere along exc's causes: a name that did not resolve (the usual
+    offline case), a refused or timed-out connection, or httpx's transport errors (huggingface_hub 2
+    raises those of its own copy, httpx2)."""
     while exc is not None:
-        if isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
+        if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or any(
+                c.__name__ == "TransportError" and c.__module__.startswith("httpx") for c in type(exc).__mro__):
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.config.options import PORT
 from runner.core.errors import RunnerError
 
 AGENT_CTX = 32768  # tokens per slot for a server started here: an agent's first prompt is 15-25 thousand
@@ -65,7 +66,7 @@ def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
                    help="the model to serve when no server answers on --port (default: gemma-3-270m, "
                         f"whose context holds an agent's prompt; {default_model} does not)")
     p.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="the server's port: used if one answers, else "
+    p.add_argument("--port", type=PORT, default=8080, help="the server's port: used if one answers, else "
                                                           "one is started there (default 8080)")
     p.add_argument("--ctx-size", type=int, default=AGENT_CTX,
                    help=f"tokens per slot for a server started here (default {AGENT_CTX})")

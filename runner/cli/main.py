@@ -22,17 +22,23 @@ def _model_arg(p: argparse.ArgumentParser) -> None:
                    help=f"a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT] (default: {default})")
 
 
+def _text(arg: str) -> str:
+    """An argument as text: bytes that are not UTF-8 (which Python keeps as lone surrogates, and the
+    tokenizer cannot encode) become U+FFFD, as they do on stdin (main)."""
+    return arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _quiet_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no memory plan or progress on stderr")
 
 
 def _generation_flags(p: argparse.ArgumentParser, parallel: int) -> None:
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", default=None, type=_text, help="system prompt")
     p.add_argument("--image", action="append", default=[], type=Path, metavar="FILE",
                    help="an image to send with the prompt (repeatable; a model with a projector, --mmproj)")
     p.add_argument("--audio", action="append", dest="image", type=Path, metavar="FILE",
                    help="an audio clip (wav, mp3, flac) to send with the prompt (repeatable; a projector that hears)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], type=_text, help="stop string (repeatable)")
     p.add_argument("--json-schema", default=None, metavar="FILE|JSON",
                    help="the reply must be JSON following this schema (a file, or the schema itself; '{}': any object)")
     p.add_argument("--grammar", default=None, metavar="FILE", help="the reply must follow this Lark or GBNF grammar")
@@ -133,6 +139,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not texts:
         raise RunnerError("nothing to embed: pass TEXT arguments or lines on stdin")
+    if not all(texts):
+        raise RunnerError(f"text {texts.index('') + 1} is empty: there is nothing to embed in it")
     with _open_runner(args) as runner:
         for vector in runner.embed(texts):
             print(json.dumps([round(float(x), 7) for x in vector]))
@@ -263,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run, "generate one reply to a prompt and print it")
     _model_arg(p)
-    p.add_argument("-p", "--prompt", default=None, help="the prompt (default: read stdin)")
+    p.add_argument("-p", "--prompt", default=None, type=_text, help="the prompt (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as-is, without the chat template")
     p.add_argument("--stats", action="store_true", help="print tokens, tok/s and time to first token on stderr")
     p.add_argument("--beams", type=int, default=0, metavar="N",
@@ -278,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("embed", cmd_embed, "print each text's embedding (a JSON array per line; texts from stdin when none given)")
     p.add_argument("model", help="a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT]")
-    p.add_argument("text", nargs="*", help="texts to embed")
+    p.add_argument("text", nargs="*", type=_text, help="texts to embed")
     _quiet_flag(p)
     add_flags(p, EngineOptions, {"parallel": 1})
 
@@ -337,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runner.cli.launch import split_agent_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes on stdin that are not UTF-8 become U+FFFD, not a crash later
+        sys.stdin.reconfigure(errors="replace")
     parser = build_parser()
     argv, agent_args = split_agent_args(argv)
     args = parser.parse_args(argv)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import time
 import urllib.error
 import urllib.request
 
+from runner.config.options import PORT
 from runner.core.errors import RunnerError
 
 API_KEY_ENV = "RUNNER_API_KEY"
@@ -16,7 +18,7 @@ API_KEY_ENV = "RUNNER_API_KEY"
 
 def add_ps_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="the server's port (default 8080)")
+    p.add_argument("--port", type=PORT, default=8080, help="the server's port (default 8080)")
     p.add_argument("--api-key", default=None, help=f"the server's key (default: ${API_KEY_ENV})")
     p.add_argument("--all", action="store_true", help="every servable model, not only the loaded ones")
 
@@ -26,7 +28,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get(API_KEY_ENV)
     models = _get(base, "/models", key)
     if models is None:  # a server of one model: it is loaded while it answers
-        listed = _get(base, "/v1/models", key) or {"data": []}
+        listed = _get(base, "/v1/models", key)
+        if listed is None:
+            raise RunnerError(f"the server on {base} is not a runner server (no /models, no /v1/models)")
         models = {"data": [{"id": m["id"], "status": {"value": "loaded"}} for m in listed["data"][:1]]}
     rows = [m for m in models["data"] if args.all or m["status"]["value"] != "unloaded"]
     if not rows:
@@ -41,19 +45,27 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def _get(base: str, path: str, key: str | None) -> dict | None:
-    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+    """The JSON answer to GET path (None: a 404)."""
     try:
+        request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {key}"} if key else {})
         with urllib.request.urlopen(request, timeout=5) as reply:
-            return json.loads(reply.read())
+            body = json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
         if exc.code == 401:
-            raise RunnerError(f"the server on {base} wants an API key: pass --api-key or set {API_KEY_ENV}") from None
+            wanted = "takes another API key than the one given" if key else \
+                f"wants an API key: pass --api-key or set {API_KEY_ENV}"
+            raise RunnerError(f"the server on {base} {wanted}") from None
         raise RunnerError(f"the server on {base} answered {exc.code} to {path}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise RunnerError(f"no runner server answers on {base} ({getattr(exc, 'reason', exc)}); start one with "
                           "`runner serve`, or pass --port") from None
+    except (ValueError, http.client.HTTPException) as exc:  # a malformed host or key, an answer not JSON
+        raise RunnerError(f"cannot ask {base}{path}: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise RunnerError(f"the server on {base} is not a runner server (its {path} has no model list)")
+    return body
 
 
 def _since(loaded_at: float | None) -> str:

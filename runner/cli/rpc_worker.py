@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from runner.config.options import physical_cores
+from runner.config.options import PORT, physical_cores
 from runner.core.errors import RunnerError
 
 UNSAFE_NOTE = ("runner: note: the RPC protocol has no authentication and no encryption: anyone who reaches "
@@ -21,7 +21,7 @@ def add_rpc_worker_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; any other needs --allow-network)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
+    p.add_argument("--port", type=PORT, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT})")
     p.add_argument("--device", default="", metavar="cpu|gpu0|NAME[,...]",
                    help="what to serve: cpu, gpuN (the Nth GPU) or llama.cpp's device name (CUDA0), comma-separated "
                         "(default: every GPU, else the CPU)")

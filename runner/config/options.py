@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,16 +39,42 @@ def physical_cores(cpuinfo: str | None = None) -> int:
     return len(cores) or os.cpu_count() or 1
 
 
-def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None,
+         lo: float | None = None, hi: float | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices, "range": (lo, hi)})
+
+
+def in_range(kind: type, lo: float | None = None, hi: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: the text as `kind` (int or float), refused unless finite and within [lo, hi]."""
+    def parse(text: str) -> Any:
+        value = kind(text)  # (ValueError: argparse says "invalid int value")
+        if not is_within(value, lo, hi):
+            raise argparse.ArgumentTypeError(f"must be {span(lo, hi)}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def is_within(value: float, lo: float | None, hi: float | None) -> bool:
+    return math.isfinite(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+def span(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"from {lo:g} to {hi:g}"
+    return f"at least {lo:g}" if lo is not None else f"at most {hi:g}" if hi is not None else "a finite number"
+
+
+PORT = in_range(int, 0, 65535)
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)")
+    parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)", lo=1)
     ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
     batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
-    threads: int = _opt(physical_cores(), "CPU threads for llama.cpp (default: this machine's physical cores)")
+    threads: int = _opt(physical_cores(), "CPU threads for llama.cpp", lo=1)
     n_gpu_layers: str = _opt("auto", "layers on the GPU of a CUDA/Metal build: auto (as many as its free memory holds, "
                                      "leaving 1 GiB), a number, or -1 (all); none without a GPU",
                              flag="--n-gpu-layers")
@@ -56,17 +84,17 @@ class EngineOptions:
     tensor_split: str = _opt("", "with --rpc: the share of layers for this machine, then each worker in order, "
                                  "e.g. 1,2,2 (default: every layer on the workers, by their free memory)")
     max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
-                                 "context)")
-    max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503")
+                                 "context)", lo=1)
+    max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503", lo=0)
     kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
     draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
-    draft_max: int = _opt(4, "most tokens drafted per slot and step")
+    draft_max: int = _opt(4, "most tokens drafted per slot and step", lo=1)
     ngram_store_mb: int = _opt(16, "with --draft ngram: MiB for n-grams learned from every request's replies, "
-                                   "shared by all slots (drafts where a request's own context has none; 0: off)")
+                                   "shared by all slots (drafts where a request's own context has none; 0: off)", lo=0)
     mmproj: str = _opt("", "a vision (or audio) projector for the model: an mmproj .gguf, a Hub reference or a "
                            "catalog name; a catalog model names its own")
     media_cache_mb: int = _opt(256, "MiB of encoded images kept by content: an image sent again is decoded from "
-                                    "them instead of encoded again (0: off)")
+                                    "them instead of encoded again (0: off)", lo=0)
     spec: str = _opt("", "speculation: auto (decide per slot and step), on (always draft), off; mtp (always "
                          "draft with the model's own MTP layers), eagle3 (always draft with the EAGLE3 head given "
                          "as --draft); default auto when a drafter is set or the model has MTP layers",
@@ -85,6 +113,13 @@ class EngineOptions:
                                 "llama-server does (a prefix cached past it is read again, or from the last "
                                 "prompt's end); on keeps it as long as the context (any cached prefix "
                                 "serves; several times the KV memory)", choices=("off", "on"))
+
+
+    def __post_init__(self) -> None:  # (the flags check these first; this is for the Python API)
+        for f in dataclasses.fields(self):
+            lo, hi = f.metadata.get("range", (None, None))
+            if isinstance(getattr(self, f.name), (int, float)) and not is_within(getattr(self, f.name), lo, hi):
+                raise OptionError(f"{_flag(f)} must be {span(lo, hi)}, got {getattr(self, f.name)}")
 
 
 def flash_attention(options: EngineOptions) -> str:
@@ -132,7 +167,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
         default = overrides.get(f.name, f.default)
         kind = type(f.default) if f.default is not None else int
         help_text = f.metadata.get("help") or SAMPLING_HELP.get(f.name, "")
-        parser.add_argument(_flag(f), dest=f.name, type=kind, default=default, choices=f.metadata.get("choices"),
+        checked = in_range(kind, *f.metadata["range"]) if kind in (int, float) and "range" in f.metadata else kind
+        parser.add_argument(_flag(f), dest=f.name, type=checked, default=default, choices=f.metadata.get("choices"),
                             help=f"{help_text} (default: {default})")
 
 

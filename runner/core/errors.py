@@ -31,3 +31,8 @@ class MemoryPlanError(RunnerError):
 
 class OptionError(RunnerError):
     """Engine options that cannot go together."""
+
+
+class InputError(RunnerError, ValueError):
+    """An input a caller gave that cannot be used (an empty text to embed, one too long): a ValueError
+    to Python callers, one line to the command line's user."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from runner.config.options import EngineOptions
-from runner.core.errors import RunnerError
+from runner.core.errors import InputError, RunnerError
 from runner.model.loaded_model import LoadedModel
 from runner.model.request_builder import (
     beam_requests,
@@ -222,7 +222,7 @@ class Runner:
         embedding model, else the mean of its last hidden states (on a context of its own)."""
         batch = [texts] if isinstance(texts, str) else list(texts)
         if not batch or any(not t for t in batch):
-            raise ValueError("embed() needs non-empty texts")
+            raise InputError("embed() needs non-empty texts")
         return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
 
     def close(self) -> None:

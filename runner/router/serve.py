@@ -15,7 +15,7 @@ from pathlib import Path
 from runner.catalog.catalog import Catalog
 from runner.catalog.embedded import embedded_model, embedded_name
 from runner.catalog.store import ModelStore
-from runner.config.options import EngineOptions, from_args
+from runner.config.options import EngineOptions, from_args, in_range
 from runner.core.errors import OptionError, RunnerError
 from runner.router.keep_alive import describe, parse_keep_alive
 from runner.router.model_process import ModelProcess
@@ -25,7 +25,7 @@ from runner.runtime.gpu_fit import Offload
 from runner.runtime.layer_split import parse_tensor_split
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes, layer_costs
 from runner.runtime.rpc_address import parse_workers
-from runner.server.serve import api_key, cmd_serve, host_policy, print_ready, run_listening, serve_flags_for_models
+from runner.server.serve import api_key, cmd_serve, host_policy, listening_sockets, print_ready, serve_flags_for_models
 
 DEFAULT_KEEP_ALIVE = "30m"
 
@@ -40,7 +40,7 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-alive", default=DEFAULT_KEEP_ALIVE, metavar="DURATION",
                    help="an idle model stays loaded this long (30s, 5m, 1h; 0: unload when its last request "
                         f"ends; -1: forever; default {DEFAULT_KEEP_ALIVE}); a request's keep_alive field sets its own")
-    p.add_argument("--max-models", type=int, default=0, metavar="N",
+    p.add_argument("--max-models", type=in_range(int, 0), default=0, metavar="N",
                    help="most models loaded at once (default 0: as many as memory holds)")
     p.add_argument("--pin", action="append", default=[], metavar="MODEL", help="never unload this model (repeatable)")
     p.add_argument("--no-preload", action="store_true", help="load nothing at start (default: the first model)")
@@ -100,6 +100,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     if not models:
         raise OptionError("nothing to serve: no MODEL, no cached or catalog model and no GGUF in --models-dir")
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    listening = listening_sockets(args)
     sockets = Path(tempfile.mkdtemp(prefix="runner-"))  # 0700: only this user reaches the model processes
     serve_flags = serve_flags_for_models(args)
     n_spawned = iter(range(1 << 30))
@@ -124,7 +125,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     server = CancellingServer(config_, on_exit=pool.terminate_all)
     print_ready(server, f"{len(models)} models", "", on_ready)
     try:
-        run_listening(server, config_, args.ollama_port)
+        server.run(sockets=listening)
     finally:
         sockets.rmdir() if sockets.exists() and not any(sockets.iterdir()) else None
     return 0

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from runner.core.errors import InputError
 from runner.runtime.llama import EmbeddingContext, Model
 
 MAX_INPUTS_PER_DECODE = 32
 
 
-class InputTooLongError(ValueError):
+class InputTooLongError(InputError):
     """An input has more tokens than the embedding context holds."""
 
 

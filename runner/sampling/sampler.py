@@ -39,7 +39,7 @@ class Sampler:
         self.params = params
         self.constraint = constraint  # masks every row it samples; advances with every accepted token
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(seed % 2**64)  # (a negative seed wraps, as the OpenAI dialect's does)
         self._recent: list[int] = list(prompt_ids or [])[-params.repeat_last_n :] if params.repeat_last_n else []
         self._generated_counts: Counter[int] = Counter()
         ids, bias = zip(*params.logit_bias) if params.logit_bias else ((), ())

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from runner.prompt.chat_template import Message
 from runner.prompt.tools import Tool, ToolCall, ToolReading, new_call_id
 from runner.sampling.constraints import GrammarSpec
-from runner.sampling.params import SamplingParams
+from runner.sampling.params import SamplingParams, value_range
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server import request_fields
 from runner.server.errors import ApiError, invalid
@@ -25,7 +25,7 @@ from runner.server.replies import read_reply
 
 NDJSON = "application/x-ndjson"
 _DEFAULTS = SamplingParams()
-_REPEAT_LAST_N = request_fields.Field("repeat_last_n", "integer", "", 0)
+_REPEAT_LAST_N = request_fields.Field("repeat_last_n", "integer", "", *value_range("repeat_last_n"))
 _SEED = request_fields.Field("seed", "integer", "", -(2**63), 2**64 - 1)
 
 

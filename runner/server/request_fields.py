@@ -12,6 +12,7 @@ from typing import Any
 
 from runner.prompt.chat_template import Message
 from runner.prompt.tools import Tool
+from runner.sampling.params import value_range
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import MAX_JSON_DEPTH, check_json_value
 
@@ -79,13 +80,14 @@ MODEL = Field("model", "string", "the served model id or an alias (required, as 
 STREAM = Field("stream", "boolean", "stream the reply as server-sent events")
 MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (the older name)", 1)
 SAMPLING = {  # SamplingParams field -> its request parameter (the dialects that take one name it so)
-    "temperature": Field("temperature", "number", "0: greedy", 0.0, 2.0),
-    "top_k": Field("top_k", "integer", "keep the k most likely tokens (0: off)", 0),
-    "top_p": Field("top_p", "number", "nucleus sampling threshold", 0.0, 1.0),
-    "min_p": Field("min_p", "number", "drop tokens below min_p x the top probability", 0.0, 1.0),
-    "repeat_penalty": Field("repeat_penalty", "number", "penalty for recently seen tokens", 0.01, 10.0),
-    "presence_penalty": Field("presence_penalty", "number", "OpenAI presence penalty", -2.0, 2.0),
-    "frequency_penalty": Field("frequency_penalty", "number", "OpenAI frequency penalty", -2.0, 2.0),
+    name: Field(name, kind, description, *value_range(name)) for name, kind, description in (
+        ("temperature", "number", "0: greedy"),
+        ("top_k", "integer", "keep the k most likely tokens (0: off)"),
+        ("top_p", "number", "nucleus sampling threshold"),
+        ("min_p", "number", "drop tokens below min_p x the top probability"),
+        ("repeat_penalty", "number", "penalty for recently seen tokens"),
+        ("presence_penalty", "number", "OpenAI presence penalty"),
+        ("frequency_penalty", "number", "OpenAI frequency penalty"))
 }
 
 

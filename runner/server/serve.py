@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from runner.config.options import EngineOptions, add_flags, from_args
+from runner.config.options import PORT, EngineOptions, add_flags, from_args
 from runner.core.errors import RunnerError
 from runner.server.guards import DEFAULT_MAX_BODY_BYTES, HostPolicy
 from runner.server.reasoning import FORMATS
@@ -28,7 +29,7 @@ API_KEY_ENV = "RUNNER_API_KEY"
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """`runner serve`'s own flags and the engine's (the model argument and --quiet are the CLI's)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port", type=PORT, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer KEY' on the API (visible in ps: prefer ${API_KEY_ENV} "
                         "or --api-key-file)")
@@ -56,7 +57,7 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="streamed tokens reach the HTTP side at least this often, in batches; a reply's first "
                         "and last token at once; 0: every token as it is sampled, which costs the engine a "
                         f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
-    p.add_argument("--ollama-port", type=int, default=None, metavar="PORT",
+    p.add_argument("--ollama-port", type=PORT, default=None, metavar="PORT",
                    help="also listen on this port (11434: Ollama's), for apps that cannot be told another")
     p.add_argument("--uds", default=None, metavar="PATH", help=argparse.SUPPRESS)  # a model process's socket
     p.add_argument("--model-process", action="store_true", help=argparse.SUPPRESS)  # started by a router
@@ -121,7 +122,13 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     # switch interval lets the HTTP thread hold it that long and leaves the cores idle meanwhile.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
+    sockets = listening_sockets(args)
+    try:
+        loaded = LoadedModel(args.model, from_args(EngineOptions, args), log=log)
+    except BaseException:
+        for sock in sockets or []:
+            sock.close()
+        raise
     engine_thread = EngineThread(loaded.engine, on_error=lambda exc: print(f"engine error: {exc!r}", file=sys.stderr))
     engine_thread.start()
     state = ServerState(loaded, engine_thread, [loaded.name, *args.alias], key,
@@ -138,26 +145,34 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     if args.model_process:
         _exit_with_parent()
     try:
-        run_listening(server, config, args.ollama_port)
+        server.run(sockets=sockets)
     finally:
         state.close()
     return 0
 
 
-def run_listening(server: uvicorn.Server, config: uvicorn.Config, extra_port: int | None) -> None:
-    """Serve on the configured address, and on extra_port too when given (the same app)."""
-    import uvicorn
-
-    if extra_port is None or config.uds:
-        server.run()
-        return
-    extra = uvicorn.Config(config.app, host=config.host, port=extra_port, log_level="warning", access_log=False)
-    try:
-        sockets = [config.bind_socket(), extra.bind_socket()]
-    except SystemExit:  # uvicorn's way to say the address is taken
-        raise RunnerError(f"cannot listen on {config.host}:{config.port} and {config.host}:{extra_port}: "
-                          "an address is in use") from None
-    server.run(sockets=sockets)
+def listening_sockets(args: argparse.Namespace) -> list[socket.socket] | None:
+    """The server's addresses (--port, and --ollama-port when given), bound before a model loads, so
+    that a taken or bad address is said at once (None: a model process's Unix socket, bound by uvicorn)."""
+    if args.uds:
+        return None
+    ports = [args.port] + ([args.ollama_port] if args.ollama_port is not None else [])
+    if len(ports) == 2 and ports[0] == ports[1] != 0:
+        raise RunnerError(f"--ollama-port {args.ollama_port} is --port too: give it a port of its own")
+    bound: list[socket.socket] = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn binds)
+        try:
+            sock.bind((args.host, port))
+        except OSError as exc:
+            sock.close()
+            for other in bound:
+                other.close()
+            raise RunnerError(f"cannot listen on {args.host}:{port}: {exc.strerror or exc}") from None
+        sock.set_inheritable(True)
+        bound.append(sock)
+    return bound
 
 
 def _exit_with_parent() -> None:

@@ -228,6 +228,25 @@ def test_no_network_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture
     assert err.startswith("runner: error: no network: cannot reach http://127.0.0.1:") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", [["pull", "hf.co/org/tiny-GGUF"], ["search", "tiny"]])
+def test_a_name_that_does_not_resolve_is_no_network_at_once(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    """The usual offline case: the Hub's name does not resolve (.invalid never does, RFC 6761); search
+    says so before huggingface_hub's retries (24 s)."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("runner: error: no network: cannot reach http://hub.invalid") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("command", "message"), [(["search", " "], "nothing to search for"),
+                                                  (["search", "tiny", "--limit", "0"], "--limit must be at least 1")])
+def test_search_refuses_no_words_and_no_results_wanted(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str],
+                                                        command: list[str], message: str) -> None:
+    assert main(command) == 1
+    assert capsys.readouterr().err.startswith(f"runner: error: {message}")
+
+
 def test_a_draft_from_the_hub_with_another_vocabulary_is_refused(fake_hub: FakeHub) -> None:
     with pytest.raises(ModelLoadError, match=r"the draft model odd-Q4_0.gguf has a different vocabulary \(265"):
         load_tiny("hf.co/org/tiny-GGUF", 1, draft="hf.co/org/odd-GGUF", spec="on")

@@ -169,3 +169,67 @@ def test_a_schema_or_grammar_that_cannot_compile_is_one_line(tiny_gguf: Path) ->
     assert_one_line_error(proc, r"json_schema: .*does not exist")
     proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--grammar", "root ::= (")
     assert_one_line_error(proc, r"^runner: error: grammar: ")
+
+
+def test_out_of_range_flags_are_refused_before_anything_loads(tiny_gguf: Path) -> None:
+    for flag, value, why in (("--parallel", "0", "must be at least 1"), ("--temperature", "nan", "must be from 0 to 2"),
+                             ("--top-p", "2", "must be from 0 to 1"), ("--max-tokens", "-5", "must be at least 1"),
+                             ("--threads", "0", "must be at least 1"), ("--repeat-penalty", "0", "must be from 0.01 to 10")):
+        proc = runner("run", str(tiny_gguf), "-p", "hi", flag, value)  # (--parallel 0 hung, spinning)
+        assert proc.returncode == 2 and f"argument {flag}: {why}, got {value}" in proc.stderr, proc.stderr
+    for command in (["serve", "--port", "99999"], ["ps", "--port", "-1"]):  # (99999 served on 34463)
+        proc = runner(*command)
+        assert proc.returncode == 2 and "argument --port: must be from 0 to 65535" in proc.stderr, proc.stderr
+
+
+def test_the_python_api_refuses_options_out_of_range(tiny_gguf: Path) -> None:
+    import pytest
+
+    from runner.core.errors import OptionError
+    from runner.python_api.runner import Runner
+
+    with pytest.raises(OptionError, match="--parallel must be at least 1, got 0"):
+        Runner(tiny_gguf, parallel=0, log=lambda _: None)
+
+
+def test_a_negative_seed_and_bytes_that_are_not_utf8_still_get_a_reply(tiny_gguf: Path) -> None:
+    args = ("run", str(tiny_gguf), "--temperature", "0.8", "--max-tokens", "4", "-q")
+    seeded = [runner(*args, "-p", "hi", "--seed", "-1") for _ in range(2)]
+    assert seeded[0].returncode == 0 and "Traceback" not in seeded[0].stderr, seeded[0].stderr
+    assert seeded[0].stdout == seeded[1].stdout  # a negative seed is a seed (wrapped, as the API's)
+    proc = subprocess.run([sys.executable, "-m", "runner", *args], input=b"\xff\xfe\x00bad", capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+
+
+def test_embed_refuses_an_empty_text_in_one_line(tiny_gguf: Path) -> None:
+    assert_one_line_error(runner("embed", str(tiny_gguf), "a", "", "-q"), "text 2 is empty")
+
+
+def test_ps_on_a_malformed_host_or_a_server_that_is_not_runners(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    assert_one_line_error(runner("ps", "--host", "no such host"), "cannot ask http://no such host:8080/models")
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        proc = runner("ps", "--port", str(other.server_address[1]))
+        assert_one_line_error(proc, "is not a runner server")
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+def test_serve_says_at_once_that_its_address_is_taken(tiny_gguf: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = runner("serve", str(tiny_gguf), "--port", port)  # (before: the model loaded, then uvicorn's line)
+        assert_one_line_error(proc, f"cannot listen on 127.0.0.1:{port}: Address already in use")
+        assert "slots" not in proc.stderr  # refused before the model's memory plan
+    proc = runner("serve", str(tiny_gguf), "--port", "18999", "--ollama-port", "18999")
+    assert_one_line_error(proc, "--ollama-port 18999 is --port too")
