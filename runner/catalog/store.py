@@ -38,7 +38,21 @@ class CachedModel:
 class ModelStore:
     def __init__(self, catalog: Catalog | None = None, root: Path | None = None) -> None:
         self.catalog = catalog or Catalog.load()
-        self.root = root or cache_dir()
+        self._root = root
+
+    @property
+    def root(self) -> Path:
+        """The cache directory, made when first needed (a local .gguf file loads without one)."""
+        if self._root is None:
+            self._root = cache_dir()
+        return self._root
+
+    def writable_root(self) -> Path | None:
+        """The cache directory, or None where it cannot be made (what is measured is then not kept)."""
+        try:
+            return self.root
+        except CatalogError:
+            return None
 
     def path_of(self, ref: ModelRef) -> Path:
         return self.root / ref.file

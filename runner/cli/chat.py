@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -154,6 +155,9 @@ def run_repl(runner: Runner, system: str | None, images: Sequence[Path] = (), **
             print(attach_image(convo, runner, arg.strip(), command[1:]))
             continue
         if not text.strip():
+            continue
+        if re.fullmatch(r"/[A-Za-z]+", command) and not arg:  # a mistyped command, not a message for the model
+            print(f"(unknown command {command}; /help lists them)")
             continue
         convo.ask(text)
         try:

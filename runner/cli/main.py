@@ -4,6 +4,7 @@ bundle."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable, Sequence
@@ -64,6 +65,8 @@ def _file_or_text(value: str, flag: str) -> str:
     except OSError:  # e.g. inline JSON longer than a file name may be
         is_file = False
     if not is_file:
+        if not any(c.isspace() for c in value) and (os.sep in value or value.endswith((".json", ".lark", ".gbnf"))):
+            raise RunnerError(f"{flag}: no such file: {value}")  # (a path, not a schema or grammar written out)
         return value
     try:
         return path.read_text()

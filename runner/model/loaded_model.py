@@ -156,7 +156,7 @@ class LoadedModel:
                              jump_forward=self.options.jump_forward == "on")
         self._embedder: Embedder | None = None
         self._embedder_lock = threading.Lock()
-        self._cache_dir = store.root
+        self._cache_dir = store.writable_root()
 
     def _rpc_workers(self) -> list[Device]:
         """--rpc's workers, each checked and registered with llama.cpp (RpcError: one that cannot be used)."""
@@ -320,7 +320,7 @@ class LoadedModel:
             log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
             return in_scratch_thread(lambda: measure(context))
 
-        return ShapeCosts.from_json(cached_json(store.root, key, calibrate))
+        return ShapeCosts.from_json(cached_json(store.writable_root(), key, calibrate))
 
     def _agreement(self, store: ModelStore, draft_path: Path, draft_context: Context,
                    log: Callable[[str], None]) -> float:
@@ -329,7 +329,7 @@ class LoadedModel:
             log(f"measuring how often {draft_path.name} agrees with {self.path.name} (once per pair)")
             return in_scratch_thread(lambda: measure_agreement(self.runner.context, draft_context))
 
-        agreement = cached_json(store.root, agreement_key(self.path, draft_path), measure_pair)
+        agreement = cached_json(store.writable_root(), agreement_key(self.path, draft_path), measure_pair)
         return PRIOR_ACCEPT if agreement is None else agreement
 
     def _fed_agreement(self, store: ModelStore, draft_path: Path, drafter: FedDrafter,
@@ -341,7 +341,7 @@ class LoadedModel:
             tokens = self.model.tokenize(AGREEMENT_TEXT, add_special=True, parse_special=False)
             return in_scratch_thread(lambda: drafter.measure_agreement(tokens))
 
-        agreement = cached_json(store.root, f"{agreement_key(self.path, draft_path)}:{drafter.name}", measure_pair)
+        agreement = cached_json(store.writable_root(), f"{agreement_key(self.path, draft_path)}:{drafter.name}", measure_pair)
         return PRIOR_ACCEPT if agreement is None else agreement
 
     def compile_constraint(self, spec: GrammarSpec) -> Constraint:

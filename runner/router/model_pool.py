@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Protocol
 
 from runner.router.eviction import Resident, make_room
-from runner.router.keep_alive import FOREVER
+from runner.config.keep_alive import FOREVER
 from runner.router.model_process import LoadFailed
 from runner.router.servable import ServableModel
 

@@ -13,10 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from runner.core.errors import OptionError, RunnerError
+from runner.core.errors import RunnerError
 from runner.runtime.gguf_file import read_gguf
 from runner.router import ollama
-from runner.router.keep_alive import parse_keep_alive
 from runner.router.metrics import labelled
 from runner.router.model_pool import ModelState, ModelStatus, PoolError
 from runner.router.proxy import forward
@@ -48,7 +47,7 @@ async def model_request(state: RouterState, request: Request) -> Response:
         body = await read_body(request, state.max_body_bytes)
         parsed = parse_json(body)
         name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
-        keep_alive = _keep_alive(parsed)
+        keep_alive = ollama_api.keep_alive(parsed)
         if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed) and not state.pool.is_loaded(name):
             return JSONResponse(ollama_api.loaded_reply(name, True, path == "/api/chat"))  # nothing to unload
         process = await _acquire(state, name, keep_alive)
@@ -71,15 +70,6 @@ def _served_name(state: RouterState, requested: object) -> str:
     name = state.pool.name_of(requested or "")
     assert name is not None
     return name
-
-
-def _keep_alive(body: object) -> float | None:
-    if not isinstance(body, dict) or body.get("keep_alive") is None:
-        return None
-    try:
-        return parse_keep_alive(body["keep_alive"], "keep_alive")
-    except OptionError as exc:
-        raise invalid(str(exc), "keep_alive") from None
 
 
 async def _acquire(state: RouterState, name: str, keep_alive_s: float | None):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ the MODEL arguments, the cache and the catalog, `--models-dir` and `--models-con
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from runner.catalog.hub import parse_hub_ref
 from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions
 from runner.core.errors import OptionError
-from runner.router.keep_alive import parse_keep_alive
+from runner.config.keep_alive import parse_keep_alive
+from runner.runtime.gguf_file import read_gguf
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})$")
 _ROUTER_KEYS = {"model", "aliases", "pin", "keep_alive"}  # besides EngineOptions' fields
@@ -62,6 +64,7 @@ def servable_models(named: list[str], options: EngineOptions, store: ModelStore,
     sources: dict[str, str] = {}
     if named:
         for model in named:
+            _check_named(model, store.catalog)
             sources.setdefault(name_of(model, store.catalog), model)
     else:
         if store.catalog.default:
@@ -85,6 +88,19 @@ def servable_models(named: list[str], options: EngineOptions, store: ModelStore,
     models = [_servable(name, source, options, config.get(name, {})) for name, source in sources.items()]
     _check_unique_ids(models)
     return models
+
+
+def _check_named(model: str, catalog: Catalog) -> None:
+    """A MODEL argument that cannot be served is refused at start, as `runner serve MODEL` refuses it:
+    an unknown catalog name (with the close ones), a missing file, a file that is not a GGUF. (A
+    catalog model or Hub reference not cached yet is pulled on first use.)"""
+    if parse_hub_ref(model):
+        return
+    path = Path(model).expanduser()
+    if catalog.is_name(model) or not (path.suffix == ".gguf" or os.sep in model or path.exists()):
+        catalog.resolve(model)
+    else:
+        read_gguf(path)
 
 
 def _servable(name: str, source: str, options: EngineOptions, section: dict[str, Any]) -> ServableModel:

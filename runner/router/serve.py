@@ -17,7 +17,7 @@ from runner.catalog.embedded import embedded_model, embedded_name
 from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions, from_args, in_range
 from runner.core.errors import OptionError, RunnerError
-from runner.router.keep_alive import describe, parse_keep_alive
+from runner.config.keep_alive import describe, parse_keep_alive
 from runner.router.model_process import ModelProcess
 from runner.router.servable import ServableModel, name_of, read_models_config, servable_models
 from runner.runtime.gguf_file import GgufInfo, read_gguf
@@ -90,13 +90,11 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     if options.rpc:
         parse_workers(options.rpc)  # a malformed --rpc is one line now, not a failed load per request
     config = read_models_config(args.models_config) if args.models_config else {}
-    for name in args.pin:
-        config.setdefault(name, {})["pin"] = True
     if args.alias:  # in a router, the first model's
         first = args.models[0] if args.models else store.catalog.default
         section = config.setdefault(name_of(first, store.catalog), {})
         section["aliases"] = [*section.get("aliases", []), *args.alias]
-    models = servable_models(args.models, options, store, args.models_dir, config)
+    models = _pinned(servable_models(args.models, options, store, args.models_dir, config), args.pin)
     if not models:
         raise OptionError("nothing to serve: no MODEL, no cached or catalog model and no GGUF in --models-dir")
     log = (lambda _: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
@@ -118,17 +116,26 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
                         preload=not args.no_preload, describe=header_reader(store), store=store, options=options)
-    log(f"runner: {len(models)} models servable (first: {models[0].name}); idle models unload after "
-        f"{describe(keep_alive)}")
+    n_models = f"{len(models)} model{'s' if len(models) > 1 else ''}"
+    log(f"runner: {n_models} servable (first: {models[0].name}); idle models unload after {describe(keep_alive)}")
     config_ = uvicorn.Config(create_router_app(state, log), host=args.host, port=args.port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=3)
     server = CancellingServer(config_, on_exit=pool.terminate_all)
-    print_ready(server, f"{len(models)} models", "", on_ready)
+    print_ready(server, n_models, "", on_ready)
     try:
         server.run(sockets=listening)
     finally:
         sockets.rmdir() if sockets.exists() and not any(sockets.iterdir()) else None
     return 0
+
+
+def _pinned(models: list[ServableModel], pins: list[str]) -> list[ServableModel]:
+    """The models, those --pin names never unloaded."""
+    ids = {model_id for m in models for model_id in m.ids}
+    for name in pins:
+        if name not in ids:
+            raise OptionError(f"--pin {name}: not a model this server serves ({', '.join(m.name for m in models)})")
+    return [dataclasses.replace(m, is_pinned=True) if set(m.ids) & set(pins) else m for m in models]
 
 
 def _names(text: str) -> frozenset[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -15,8 +16,11 @@ CALIBRATION_FILE = "calibration.json"
 CALIBRATION_VERSION = "v4"  # bumped when calibration.measure() changes: older entries are measured again, and dropped
 
 
-def cached_json(cache_dir: Path, key: str, make: Callable[[], Any]) -> Any:
-    """The calibration file's entry for `key`, measured by make() and stored when missing."""
+def cached_json(cache_dir: Path | None, key: str, make: Callable[[], Any]) -> Any:
+    """The calibration file's entry for `key`, measured by make() and stored when missing (where the
+    cache directory can be written: None, or a read-only one, keeps nothing)."""
+    if cache_dir is None:
+        return make()
     path = cache_dir / CALIBRATION_FILE
     try:
         data = json.loads(path.read_text())
@@ -28,8 +32,12 @@ def cached_json(cache_dir: Path, key: str, make: Callable[[], Any]) -> Any:
     data = {k: v for k, v in data.items() if k.startswith(CALIBRATION_VERSION + ":")}
     data[key] = value
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes (a router's models) may write at once
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return value
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from runner.config.keep_alive import parse_keep_alive
+from runner.core.errors import OptionError
 from runner.prompt.chat_template import Message
 from runner.prompt.tools import Tool, ToolCall, ToolReading, new_call_id
 from runner.sampling.constraints import GrammarSpec
@@ -129,6 +131,16 @@ def go_template(template: str, system: str, prompt: str) -> str:
     tail = template[pos:]
     out.append(tail.lstrip() if trim_next else tail)
     return "".join(out)
+
+
+def keep_alive(body: Any) -> float | None:
+    """The request's keep_alive in seconds (math.inf: forever; None: none given)."""
+    if not isinstance(body, dict) or body.get("keep_alive") is None:
+        return None
+    try:
+        return parse_keep_alive(body["keep_alive"], "keep_alive")
+    except OptionError as exc:
+        raise invalid(str(exc), "keep_alive") from None
 
 
 def is_empty(params: ChatParams | CompletionParams) -> bool:

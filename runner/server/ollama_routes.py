@@ -57,8 +57,9 @@ async def generate(state: ServerState, request: Request) -> Response:
 async def _generate(state: ServerState, request: Request, params: Any, body: dict[str, Any], is_chat: bool
                     ) -> Response:
     model = params.common.model or state.served_name
+    keep_alive = ollama_api.keep_alive(body)  # (checked as a router checks it; this server keeps its model)
     if ollama_api.is_empty(params):  # a load or an unload: this process is loaded while it answers
-        return JSONResponse(ollama_api.loaded_reply(model, body.get("keep_alive") in (0, "0"), is_chat))
+        return JSONResponse(ollama_api.loaded_reply(model, keep_alive == 0, is_chat))
     if isinstance(params, ChatParams):
         prepared = await chat_request(state, params, "ollama")
         builder = ollama_api.OllamaBuilder(model, len(prepared.gen.prompt_ids), is_chat,

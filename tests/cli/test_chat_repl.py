@@ -52,6 +52,9 @@ def test_reply_streams_and_ctrl_c_stops_it_without_exiting(chat: pexpect.spawn) 
     chat.sendline("/help")  # the program is still alive and answering
     chat.expect_exact("commands: /exit")
     chat.expect_exact(PROMPT)
+    chat.sendline("/exti")  # a mistyped command is said to be one, not sent to the model
+    chat.expect_exact("(unknown command /exti; /help lists them)")
+    chat.expect_exact(PROMPT)
     chat.sendline("/exit")
     chat.expect(pexpect.EOF)
 

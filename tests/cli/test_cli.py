@@ -116,6 +116,14 @@ def test_an_unusable_cache_directory_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(proc, r"cannot create the model cache .*a-file/models: .*; set RUNNER_CACHE_DIR")
 
 
+def test_a_local_file_runs_without_a_usable_cache_directory(tiny_gguf: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = runner("run", str(tiny_gguf), "-p", "hi", "--max-tokens", "2", "-q",
+                  env={"RUNNER_CACHE_DIR": str(blocker / "models")})
+    assert proc.returncode == 0 and proc.stdout.endswith("\n"), proc.stderr
+
+
 def test_a_gguf_with_nonsense_metadata_is_one_line(tmp_path: Path) -> None:
     from gguf import GGUFWriter
 
@@ -169,6 +177,8 @@ def test_a_schema_or_grammar_that_cannot_compile_is_one_line(tiny_gguf: Path) ->
     assert_one_line_error(proc, r"json_schema: .*does not exist")
     proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--grammar", "root ::= (")
     assert_one_line_error(proc, r"^runner: error: grammar: ")
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--json-schema", "schemas/missing.json")  # (was parsed as JSON)
+    assert_one_line_error(proc, r"^runner: error: --json-schema: no such file: schemas/missing.json$")
 
 
 def test_out_of_range_flags_are_refused_before_anything_loads(tiny_gguf: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 from runner.catalog.catalog import Catalog
 from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions
-from runner.core.errors import OptionError
+from runner.core.errors import CatalogError, ModelFileError, OptionError
 from runner.router.servable import ServableModel, ggufs_in, read_models_config, servable_models
 
 CATALOG = Catalog.load("""
@@ -39,17 +39,36 @@ def test_no_model_named_serves_the_default_first_then_the_cache_then_the_catalog
         ("small", "small"), ("mine", str(store.root / "mine.gguf")), ("small:q8_0", "small:q8_0"), ("big", "big")]
 
 
-def test_named_models_only_and_a_models_dir_by_file_name(store: ModelStore, tmp_path: Path) -> None:
+def test_named_models_only_and_a_models_dir_by_file_name(store: ModelStore, tmp_path: Path, tiny_gguf: Path) -> None:
     models_dir = tmp_path / "dir"
     (models_dir / "sub").mkdir(parents=True)
     for name in ("a.gguf", "sub/b-00001-of-00002.gguf", "sub/b-00002-of-00002.gguf", "mmproj-a-f16.gguf",
                  "notes.txt"):
         (models_dir / name).write_bytes(b"GGUF")
-    models = servable_models(["big", "/x/y/file.gguf"], EngineOptions(), store, models_dir)
+    file = tmp_path / "x" / "file.gguf"
+    file.parent.mkdir()
+    file.write_bytes(tiny_gguf.read_bytes())
+    models = servable_models(["big", str(file)], EngineOptions(), store, models_dir)
     assert [(m.name, m.source) for m in models] == [
-        ("big", "big"), ("file", "/x/y/file.gguf"), ("a", str(models_dir / "a.gguf")),
+        ("big", "big"), ("file", str(file)), ("a", str(models_dir / "a.gguf")),
         ("b", str(models_dir / "sub/b-00001-of-00002.gguf"))]
     assert ggufs_in(models_dir) == [models_dir / "a.gguf", models_dir / "sub/b-00001-of-00002.gguf"]
+
+
+@pytest.mark.parametrize(("named", "error", "message"), [
+    ("smal", CatalogError, "unknown model 'smal'; did you mean 'small'"),
+    ("small:q2_k", CatalogError, "q2_k"),
+    ("/no/such.gguf", ModelFileError, "model file not found: /no/such.gguf"),
+    ("notes.gguf", ModelFileError, "is not a GGUF model file"),
+])
+def test_a_named_model_that_cannot_be_served_is_refused_at_start(store: ModelStore, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, named: str,
+                                                                  error: type, message: str) -> None:
+    """As `runner serve MODEL` refuses it (a catalog model not cached yet is pulled on first use)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.gguf").write_text("not a model")
+    with pytest.raises(error, match=message):
+        servable_models(["big", named], EngineOptions(), store)
 
 
 def test_a_config_section_sets_one_models_options_aliases_pin_and_keep_alive(store: ModelStore,

@@ -131,6 +131,7 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
      "messages.0.tool_calls must be a list"),
     ({"messages": [{"role": "user", "content": "hi"}], "options": {"stop": ["."] * 65}}, 400,
      "'stop' takes at most 64 strings"),
+    ({"messages": [], "keep_alive": "forever"}, 400, "keep_alive must be a duration"),  # (as a router says)
 ])
 def test_bad_input_is_a_4xx_in_ollamas_envelope(server: ServerProcess, body: dict, status: int, message: str) -> None:
     reply = server.post("/api/chat", json={"model": MODEL, **body})

@@ -1,7 +1,7 @@
 import pytest
 
 from runner.core.errors import OptionError
-from runner.router.keep_alive import FOREVER, describe, parse_keep_alive
+from runner.config.keep_alive import FOREVER, describe, parse_keep_alive
 
 
 @pytest.mark.parametrize(("value", "seconds"), [
