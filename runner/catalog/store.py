@@ -105,6 +105,8 @@ class ModelStore:
     def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
         """MODEL is a path to a .gguf, a Hub reference or a catalog name; a missing model is pulled
         (a cached Hub reference loads without a network call)."""
+        if not model.strip():
+            raise CatalogError("the model is empty: name a .gguf file, a catalog model or hf.co/ORG/REPO")
         hub_ref = self.hub_ref(model)
         if hub_ref is not None:
             ref = None if hub.parse_hub_ref(model) else self.catalog.resolve(model)

@@ -125,6 +125,15 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         raise RunnerError(f"{model.name} is {size / 2**30:.1f} GiB: a one-file executable holds {limit:.2f} GiB of "
                           "model at most (PyInstaller's archive stays under 4 GiB in all); bundle a smaller quant, "
                           "or serve this one with `runner serve`")
+    out = Path(args.output).expanduser().resolve()
+    if out.is_dir():  # (PyInstaller would write into it, or over it)
+        raise RunnerError(f"-o {args.output} is a directory: name the executable, e.g. -o {out / 'runner-chat'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunnerError(f"cannot write {out}: {exc.strerror}") from None
+    if not os.access(out.parent, os.W_OK):
+        raise RunnerError(f"cannot write {out}: {out.parent} is not writable")
     repo = Path(__file__).resolve().parents[2]
     spec = repo / SPEC
     if not spec.exists():
@@ -133,7 +142,6 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         import PyInstaller  # noqa: F401
     except ImportError:
         raise RunnerError("PyInstaller is not installed: pip install pyinstaller") from None
-    out = Path(args.output).expanduser().resolve()
     # zlib level 6, not PyInstaller's 9, for the libraries it compresses: 7 s instead of 25 here, 0.4 MB larger
     env = {"PYINSTALLER_ZLIB_COMPRESSION_LEVEL": "6", **os.environ,
            "RUNNER_BUNDLE_MODEL": str(model), "RUNNER_BUNDLE_NAME": out.name}

@@ -6,7 +6,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from runner.core.errors import RunnerError
 from runner.python_api.runner import Runner
 from runner.prompt.chat_template import IMAGE_MARK, Message, image_mark
+from runner.scheduler.request import StreamEvent
 
 HELP = (
     "commands: /exit  /clear (forget the conversation)  /system TEXT (set the system prompt)  /image FILE (send an\n"
@@ -81,12 +82,17 @@ class _StopFlag:
 
 def stream_reply(runner: Runner, messages: list[Message], out: TextIO, images: Sequence[Path] = (),
                  **kwargs: Any) -> tuple[str, ReplyStats]:
+    return stream_events(lambda: runner.stream_chat(messages, images=images, **kwargs), out)
+
+
+def stream_events(start: Callable[[], Generator[StreamEvent, None, None]], out: TextIO) -> tuple[str, ReplyStats]:
+    """The reply start() streams, written to out as it comes; Ctrl-C stops it (was_stopped)."""
     started = time.perf_counter()
     parts: list[str] = []
     ttft: float | None = None
     n_tokens = n_drafted = 0
     with _StopFlag() as stop:
-        events = runner.stream_chat(messages, images=images, **kwargs)
+        events = start()
         for event in events:
             if event.token_ids and ttft is None:
                 ttft = time.perf_counter() - started

@@ -83,7 +83,7 @@ def _open_runner(args: argparse.Namespace) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from runner.prompt.chat_template import Message
-    from runner.cli.chat import Conversation, stream_reply
+    from runner.cli.chat import Conversation, stream_events, stream_reply
 
     prompt = args.prompt
     if prompt is None:
@@ -92,22 +92,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if args.image and (args.raw or args.beams):
         raise RunnerError("--image goes into a chat prompt: not with --raw or --beams")
+    if args.beams and (args.json_schema is not None or args.grammar is not None or args.stop):
+        raise RunnerError("--beams ranks whole continuations: not with --json-schema, --grammar or --stop")
     if args.beams:
         return _run_beams(args, prompt)
     with _open_runner(args) as runner:
         if args.raw:
-            for event in runner.stream(runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))):
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-            stats = None
+            request = runner.request(runner.loaded.text_prompt_ids(prompt), **_generation_kwargs(args))
+            _, stats = stream_events(lambda: runner.stream(request), sys.stdout)
         else:
             convo = Conversation(args.system, attached=list(args.image))
             convo.ask(prompt)
             _, stats = stream_reply(runner, convo.messages(), sys.stdout, convo.images, **_generation_kwargs(args))
         print()
-        if args.stats and stats is not None:
+        if args.stats:
             print(stats.line(), file=sys.stderr)
-    return 0
+    return 130 if stats.was_stopped else 0  # Ctrl-C: a cut reply (exit status as Ctrl-C's anywhere)
 
 
 def _run_beams(args: argparse.Namespace, prompt: str) -> int:

@@ -127,7 +127,10 @@ def _tool_choice(value: Any, tools: tuple[Tool, ...], ignored: tuple[str, ...]) 
         raise invalid("tool_choice.type must be auto, any, tool or none", "tool_choice")
     if isinstance(choice, str) and choice in ignored:
         raise invalid(f"tool_choice names {json.dumps(choice)}, a tool this server cannot run", "tool_choice")
-    parallel = not value.get("disable_parallel_tool_use", False)
+    disable_parallel = value.get("disable_parallel_tool_use", False)
+    if not isinstance(disable_parallel, bool):
+        raise invalid("tool_choice.disable_parallel_tool_use must be a boolean", "tool_choice")
+    parallel = not disable_parallel
     return request_fields.checked_tool_choice(choice, value, tools, bool(ignored)), parallel
 
 

@@ -77,6 +77,8 @@ class HostPolicy:
 def check_host(policy: HostPolicy, request: Request) -> None:
     host = request.headers.get("host")
     if not policy.allows(host):
+        if host is None:
+            raise ApiError(403, "a request must name its Host (DNS rebinding protection)", code="host_not_allowed")
         raise ApiError(403, f"Host '{host}' is not allowed (DNS rebinding protection); start the server with "
                             f"--allowed-hosts NAME to answer to it", code="host_not_allowed")
 

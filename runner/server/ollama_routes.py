@@ -85,6 +85,8 @@ async def embed_route(state: ServerState, request: Request) -> Response:
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise invalid(f"{key} must be a string or a non-empty list of strings", key)
+    if older and not texts[0]:  # (Ollama answers an empty prompt so)
+        return JSONResponse({"embedding": []})
     ids = await embedding_ids(state, texts, key)
     vectors = [v.tolist() for v in await embed(state, ids, key)]
     if older:

@@ -66,8 +66,9 @@ def _text(value: Any, where: str, images: ImageParts | None = None) -> str:
                 continue
             key = "refusal" if kind == "refusal" else "text"
             if kind not in ("input_text", "output_text", "text", "refusal") or not isinstance(part.get(key), str):
+                readable = "text and input_image" if images is not None else "text here"
                 raise invalid(f"{where}[{j}]: unsupported content part type {json.dumps(kind)} "
-                              "(this server reads text and input_image)", f"{where}[{j}]")
+                              f"(this server reads {readable})", f"{where}[{j}]")
             texts.append(part[key])
         return "".join(texts)
     raise invalid(f"{where} must be a string or a list of text parts", where, "invalid_type")
@@ -187,6 +188,8 @@ def _grammar(text: Any) -> GrammarSpec | None:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise invalid("'metadata' must be an object of strings", "metadata", "invalid_type")
     for name, asks_nothing in NOT_SUPPORTED.items():
         if body.get(name) is not None and not asks_nothing(body[name]):
             why = WHY.get(name, "not supported by this server; leave it out")

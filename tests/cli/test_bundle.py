@@ -53,3 +53,14 @@ def test_one_part_of_a_split_model_is_refused(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is one part of a split GGUF; a bundle carries one file" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_a_directory_or_cannot_be_written_is_refused_before_pyinstaller_runs(
+        tmp_path: Path, capsys) -> None:
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    (tmp_path / "a-file").write_text("in the way")
+    assert main(["bundle", str(model), "-o", str(tmp_path)]) == 1  # (PyInstaller would write into it, or over it)
+    assert capsys.readouterr().err.startswith(f"runner: error: -o {tmp_path} is a directory: name the executable")
+    assert main(["bundle", str(model), "-o", str(tmp_path / "a-file" / "chat")]) == 1
+    assert capsys.readouterr().err.startswith(f"runner: error: cannot write {tmp_path / 'a-file' / 'chat'}: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "tiny.gguf"]

@@ -76,3 +76,19 @@ def test_ctrl_d_exits(chat: pexpect.spawn) -> None:
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_ctrl_c_stops_a_run_with_its_stats_and_exit_status_130(smollm2_path: Path, model_cache: Path, raw: bool) -> None:
+    """A cut reply is told apart from a whole one by the exit status, with or without the template."""
+    args = ["-m", "runner", "run", "smollm2-135m-instruct", "-p", "1, 2, 3, 4, 5, 6, 7,", "--temperature", "0",
+            "--max-tokens", "2000", "--stats", "-q"] + (["--raw"] if raw else [])
+    child = pexpect.spawn(sys.executable, args, env={**os.environ, "RUNNER_CACHE_DIR": str(model_cache), "TERM": "dumb"},
+                          encoding="utf-8", timeout=240)
+    child.expect(r"\d+, \d+, \d+")  # the reply has started streaming
+    child.sendintr()
+    child.expect(STATS)
+    assert child.match.group(2) == ", stopped" and int(child.match.group(1)) < 2000
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130

@@ -37,6 +37,7 @@ def test_version() -> None:
 
 def test_missing_file(tmp_path: Path) -> None:
     assert_one_line_error(runner("run", str(tmp_path / "nope.gguf"), "-p", "hi"), "model file not found: .*nope.gguf")
+    assert_one_line_error(runner("info", ""), "the model is empty")  # (was '. is a directory')
 
 
 def test_not_a_gguf(tmp_path: Path) -> None:

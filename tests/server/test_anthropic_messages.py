@@ -72,6 +72,8 @@ def test_with_every_tool_left_out_auto_means_no_tools() -> None:
     ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "tool", "name": [1]}, "tools": [WEATHER]},
      "tool_choice"),
     ({"max_tokens": 5, "messages": [{"role": "system", "content": "only this"}]}, "messages"),
+    ({"max_tokens": 5, "messages": ASK, "tool_choice": {"type": "auto", "disable_parallel_tool_use": "no"},
+      "tools": [WEATHER]}, "tool_choice"),
     ({"max_tokens": 5, "messages": ASK, "stop_sequences": "END"}, "stop_sequences"),
     ({"max_tokens": 5, "messages": ASK, "stop_sequences": [str(i) for i in range(65)]}, "stop_sequences"),
     ({"max_tokens": 5, "messages": ASK, "stop_sequences": ["x" * 1001]}, "stop_sequences"),

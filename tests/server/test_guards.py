@@ -153,3 +153,12 @@ def test_a_client_that_leaves_mid_body_is_a_quiet_499() -> None:
     with pytest.raises(ApiError) as caught:
         asyncio.run(read_body(Request(scope, receive), max_bytes=1000))
     assert (caught.value.status, caught.value.code) == (499, "client_disconnected")
+
+
+def test_a_request_without_a_host_is_told_so() -> None:
+    from runner.server.guards import check_host
+
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}  # (HTTP/1.0 may send none)
+    with pytest.raises(ApiError) as caught:
+        check_host(HostPolicy.for_server("127.0.0.1"), Request(scope))
+    assert caught.value.message == "a request must name its Host (DNS rebinding protection)"

@@ -113,6 +113,7 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
     assert [list(v) for v in embedded.embeddings] == [d["embedding"] for d in theirs["data"]]
     older = client.embeddings(model=MODEL, prompt="the sea")
     assert list(older.embedding) == theirs["data"][1]["embedding"]
+    assert list(client.embeddings(model=MODEL, prompt="").embedding) == []  # as Ollama answers it
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [

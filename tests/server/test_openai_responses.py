@@ -65,6 +65,7 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     ({"input": "hi", "store": True}, "store"),
     ({"input": "hi", "include": ["message.output_text.logprobs"]}, "include"),
     ({"input": "hi", "include": [{"a": 1}]}, "include"),
+    ({"input": "hi", "metadata": ["a"]}, "metadata"),
     ({"input": "hi", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": "hi", "reasoning": {"summary": "long"}}, "reasoning.summary"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
