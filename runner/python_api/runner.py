@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,11 @@ def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
     return [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in messages]
 
 
+def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
+    """One stop string, or several."""
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
 def _step(engine: Engine) -> None:
     """One engine step. One that raises ends every request with the error and trusts no slot's KV
     (the server's engine thread does the same), so no later call reuses what it left behind."""
@@ -58,10 +64,28 @@ def _step(engine: Engine) -> None:
 
 
 class Runner:
+    """One model, generating in the caller's thread. Several threads may call it at once: one engine
+    step runs at a time, and each step advances every thread's requests (up to `parallel` at once)."""
+
     def __init__(self, model: str | Path = "smollm2-135m-instruct", log: Any = None, **options: Any) -> None:
         engine_options = EngineOptions(**{"parallel": 1, **options})
         kwargs = {"log": log} if log is not None else {}
-        self.loaded = LoadedModel(model, engine_options, **kwargs)
+        self._loaded: LoadedModel | None = LoadedModel(model, engine_options, **kwargs)
+        self._lock = threading.Lock()  # the engine's: a step, a submit or a cancel at a time
+
+    @property
+    def loaded(self) -> LoadedModel:
+        if self._loaded is None:
+            raise RunnerError("this Runner is closed")
+        return self._loaded
+
+    def _step_until(self, done: Callable[[], bool]) -> None:
+        """Step the engine (whichever thread's requests it holds) until done() or it has no work left."""
+        engine = self.loaded.engine
+        while not done() and engine.has_work:
+            with self._lock:
+                if not done():
+                    _step(engine)
 
     def __enter__(self) -> Runner:
         return self
@@ -70,7 +94,7 @@ class Runner:
         self.close()
 
     def request(
-        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: tuple[str, ...] = (),
+        self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: str | Sequence[str] = (),
         json_schema: dict | str | None = None, grammar: str | None = None, **sampling: Any
     ) -> GenerationRequest:
         """max_tokens: EngineOptions.max_tokens when not given (0: nothing; never past the slot's context).
@@ -81,7 +105,7 @@ class Runner:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
         facts = self.loaded.facts
         length = reply_length(max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
-        return generation_request(f"api-{next(_ids)}", prompt_ids, SamplingParams(**sampling), length, tuple(stop),
+        return generation_request(f"api-{next(_ids)}", prompt_ids, SamplingParams(**sampling), length, _stops(stop),
                                   self._constraint(json_schema, grammar))
 
     def _constraint(self, json_schema: dict | str | None, grammar: str | None) -> Constraint | None:
@@ -98,20 +122,23 @@ class Runner:
         """Yield events as the engine produces them; closing the iterator cancels the request."""
         engine = self.loaded.engine
         events: list[StreamEvent] = []
-        engine.submit(request, events.append)
+        with self._lock:
+            engine.submit(request, events.append)
         finished = False
         try:
             while not finished:
-                _step(engine)
+                self._step_until(lambda: bool(events))
+                if not events:  # (the engine ended with no final event for it: nothing more will come)
+                    return
                 while events:
                     event = events.pop(0)
                     finished = finished or event.is_final
                     yield event
         finally:
             if not finished:
-                engine.cancel(request.request_id)
-                while engine.has_work:
-                    _step(engine)
+                with self._lock:
+                    engine.cancel(request.request_id)
+                self._step_until(lambda: any(e.is_final for e in events))  # (its slot is free then)
 
     def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
                     **kwargs: Any) -> Iterator[StreamEvent]:
@@ -119,7 +146,7 @@ class Runner:
         too, WAV, MP3, FLAC, where the projector hears), each placed where a message's content holds
         `image_mark(i)` (prompt.chat_template); the model needs a projector (--mmproj). RunnerError:
         a model without one, a file or clip it cannot read or take."""
-        kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
+        kwargs["stop"] = _stops(kwargs.get("stop", ())) + self.loaded.facts.stop
         if not images:
             return self.stream(self.request(self.loaded.chat_prompt_ids(_messages(messages)), **kwargs))
         prompt_ids, media = self.loaded.chat_prompt(_messages(messages), None, self._image_chunks(images))
@@ -161,16 +188,17 @@ class Runner:
     def _run_group(self, requests: list[GenerationRequest]) -> list[list[StreamEvent]]:
         out: list[list[StreamEvent]] = [[] for _ in requests]
         engine = self.loaded.engine
-        engine.submit_group(requests, [events.append for events in out])
+        with self._lock:
+            engine.submit_group(requests, [events.append for events in out])
         finished = False
         try:
-            while engine.has_work:
-                _step(engine)
+            self._step_until(lambda: all(events and events[-1].is_final for events in out))
             finished = True
         finally:
             if not finished:  # (interrupted: the group ends, not waits for the next call)
-                for request in requests:
-                    engine.cancel(request.request_id)
+                with self._lock:
+                    for request in requests:
+                        engine.cancel(request.request_id)
         return out
 
     def choices(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 2, best_of: int | None = None,
@@ -182,7 +210,7 @@ class Runner:
         if not 1 <= n <= count <= self.loaded.options.parallel:
             raise ValueError(f"need 1 <= n <= best_of <= parallel ({self.loaded.options.parallel})")
         if not isinstance(prompt, str):
-            kwargs["stop"] = tuple(kwargs.get("stop", ())) + self.loaded.facts.stop
+            kwargs["stop"] = _stops(kwargs.get("stop", ())) + self.loaded.facts.stop
         first = dataclasses.replace(self.request(self._prompt_ids(prompt), **kwargs), n_top_logprobs=0)
         constraints = [first.constraint] + [self._constraint(kwargs.get("json_schema"), kwargs.get("grammar"))
                                             for _ in range(count - 1)]
@@ -226,4 +254,7 @@ class Runner:
         return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
 
     def close(self) -> None:
-        self.loaded.close()
+        """Free the model; calling it again does nothing, and any other call raises RunnerError."""
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None

@@ -30,6 +30,9 @@ class MediaError(ValueError):
 
 
 KINDS = {CHUNK_IMAGE: "image", CHUNK_AUDIO: "audio"}
+# libmtmd asserts (aborting the process) on a clip of one sample, and on one of fewer than two of its
+# mel frames (hop 160) where the projector normalizes per feature: a tenth of a second is far from both
+MIN_AUDIO_SAMPLES = 1600
 UNREADABLE = {"image": "the image could not be decoded (png, jpeg, gif, bmp and webp are read)",
               "audio": "the audio could not be decoded (wav, mp3 and flac are read)",
               None: "the file could not be decoded (images: png, jpeg, gif, bmp, webp; audio: wav, mp3, flac)"}
@@ -98,6 +101,9 @@ class Projector:
                     raise MediaError(f"this is {'an image' if found == 'image' else 'audio'}, not {kind}")
                 if not (self.takes_audio if found == "audio" else self.takes_images):
                     raise MediaError(f"this model's projector takes no {'images' if found == 'image' else 'audio'}")
+                n_samples = _mtmd.mtmd_bitmap_get_n_bytes(bitmap) // 4  # (float samples, at the projector's rate)
+                if found == "audio" and n_samples < MIN_AUDIO_SAMPLES:  # (libmtmd aborts the process on fewer)
+                    raise MediaError(f"the clip is too short: at least {MIN_AUDIO_SAMPLES:,} samples (0.1 s at 16 kHz)")
                 return self._tokenize(bitmap)
             finally:
                 _mtmd.mtmd_bitmap_free(bitmap)

@@ -75,3 +75,37 @@ def test_a_step_that_raises_ends_its_requests_and_leaves_no_slot_holding_kv(tiny
         assert not engine.has_work and all(not slot.cached_ids for slot in engine.scheduler.pool.slots)
         engine.drafts.propose = propose  # type: ignore[method-assign]
         assert len(r.choices("hello there", n=2, max_tokens=3)) == 2
+
+
+def test_a_closed_runner_says_so_and_closes_once(tiny_gguf: Path) -> None:
+    from runner.core.errors import RunnerError
+
+    r = Runner(tiny_gguf, log=lambda _: None)
+    r.close()
+    r.close()  # (twice: nothing more)
+    with pytest.raises(RunnerError, match="this Runner is closed"):  # (was a segfault)
+        r.complete("the cat", max_tokens=2)
+
+
+def test_one_stop_string_is_one_stop_not_its_characters(tiny_gguf: Path) -> None:
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        whole = r.complete("the cat", temperature=0, max_tokens=24)
+        # two characters whose first one the reply has before them: split into characters, it cut there
+        i = next(i for i in range(1, len(whole) - 1) if whole[i] in whole[:i] and whole[i:i + 2] not in whole[:i + 1])
+        stop = whole[i:i + 2]
+        assert r.complete("the cat", temperature=0, max_tokens=24, stop=stop) == whole[:i]
+
+
+def test_threads_sharing_a_runner_each_get_their_own_reply(tiny_gguf: Path) -> None:
+    """Steps are taken one at a time, each advancing every thread's request (they were stepped at
+    once: empty replies, or a segfault)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["the cat", "a dog", "one two", "red blue", "the sea", "up down"]
+    with Runner(tiny_gguf, log=lambda _: None, parallel=3, batch_invariant="on", ctx_size=256) as r:
+        alone = [r.complete(p, temperature=0, max_tokens=16) for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: r.complete(p, temperature=0, max_tokens=16), prompts * 3))
+            groups = list(pool.map(lambda p: r.choices(p, n=2, temperature=0, max_tokens=8), prompts))
+    assert together == alone * 3
+    assert all(len(g) == 2 and g[0] == g[1] for g in groups)

@@ -63,6 +63,8 @@ def test_bad_audio_is_a_400_naming_the_part(hearing: Any) -> None:
         "undecodable": (audio_part(b"RIFF\x00\x00\x00\x00WAVEnot really"), "invalid_audio",
                         "messages[0].content[1]: the audio could not be decoded (wav, mp3 and flac are read)"),
         "an image": (audio_part(png_bytes(40, 30)), "invalid_audio", "messages[0].content[1]: this is an image, not audio"),
+        "one sample": (audio_part(wav_bytes(seconds=1 / 16000)), "invalid_audio",  # (libmtmd aborted the process)
+                       "messages[0].content[1]: the clip is too short: at least 1,600 samples (0.1 s at 16 kHz)"),
         "format": (audio_part(fmt="ogg"), None, "messages[0].content[1]: the audio's format must be one of wav, mp3, flac"),
         "base64": ({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}, None,
                    "messages[0].content[1]: the audio data is not valid base64"),
