@@ -97,9 +97,11 @@ class Scheduler:
             if seq.request_id == request_id:
                 self._mark_cancelled(seq)
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: str | None = None) -> None:
+        """Cancel every request, waiting or running; `reason`: the error their final events carry."""
         for seq in self._live_seqs():
             seq.is_cancel_requested = True
+            seq.cancel_reason = reason
 
     def _live_seqs(self) -> list[Sequence]:
         return list(self.waiting) + [slot.seq for slot in self.pool.active() if slot.seq is not None]
@@ -299,11 +301,11 @@ class Scheduler:
     def _reap_cancelled(self) -> None:
         if any(seq.is_cancel_requested for seq in self.waiting):
             for seq in [s for s in self.waiting if s.is_cancel_requested]:
-                seq.finish(FinishReason.CANCELLED)
+                seq.finish(FinishReason.CANCELLED, error=seq.cancel_reason)
             self.waiting = deque(s for s in self.waiting if not s.is_finished)
         for slot in self.pool.active():
             if slot.seq is not None and slot.seq.is_cancel_requested:
-                slot.seq.finish(FinishReason.CANCELLED)
+                slot.seq.finish(FinishReason.CANCELLED, error=slot.seq.cancel_reason)
                 self.pool.release(slot)
 
     def _admit(self) -> None:

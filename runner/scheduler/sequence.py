@@ -32,6 +32,7 @@ class Sequence:
         self.n_draft_accepted = 0
         self.finish_reason: FinishReason | None = None
         self.is_cancel_requested = False
+        self.cancel_reason: str | None = None  # said to a client still there (shutdown); None: it left
         # the sequences scheduled with it: n choices of one prompt, one beam search (set by the engine)
         self.group: Group[Sequence] = ALONE
         self._is_prompt_computed = False

@@ -42,6 +42,9 @@ class _Submit:
     sinks: list[EventSink]
 
 
+SHUTTING_DOWN = "the server is shutting down: this request was cancelled before its reply ended"
+
+
 class EngineThread:
     def __init__(self, engine: Engine, on_error: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
@@ -91,8 +94,9 @@ class EngineThread:
         self._post(lambda: self.engine.cancel(request_id))
 
     def cancel_all(self) -> None:
-        """Cancel every request, waiting or running (shutdown: nobody will read their replies)."""
-        self._post(self.engine.scheduler.cancel_all)
+        """Cancel every request, waiting or running (shutdown): each ends with SHUTTING_DOWN as its
+        error, so a client still reading is not told its reply ended whole."""
+        self._post(lambda: self.engine.scheduler.cancel_all(SHUTTING_DOWN))
 
     def snapshot(self) -> EngineSnapshot:
         """The engine's counters and slot table, built by the engine thread between two steps."""

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from runner.scheduler.request import GenerationRequest, StreamEvent
+from runner.scheduler.request import FinishReason, GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import QueueFullError
 from runner.server.engine_thread import EngineStoppedError
 from runner.server.errors import ApiError
@@ -109,6 +109,8 @@ async def _collect(state: ServerState, request: Request, request_ids: list[str],
             event = next_event.result()
             if event.error is not None:
                 finished = True
+                if event.finish_reason is FinishReason.CANCELLED:  # (the server is shutting down)
+                    raise ApiError(503, event.error, "server_error", code="shutting_down")
                 raise ApiError(500, event.error, "server_error", code="generation_failed")
             builder.add(event)
             n_running -= event.is_final

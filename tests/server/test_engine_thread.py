@@ -10,7 +10,7 @@ from engines import fake_engine
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, GenerationRequest, StreamEvent
 from runner.scheduler.scheduler import QueueFullError
-from runner.server.engine_thread import EngineStoppedError, EngineThread
+from runner.server.engine_thread import SHUTTING_DOWN, EngineStoppedError, EngineThread
 
 
 class Inbox:
@@ -113,6 +113,7 @@ def test_cancel_all_ends_every_request() -> None:
     thread.cancel_all()
     thread.start()
     try:
-        assert [i.final().finish_reason for i in inboxes] == [FinishReason.CANCELLED] * 3
+        assert [(i.final().finish_reason, i.final().error) for i in inboxes] == [
+            (FinishReason.CANCELLED, SHUTTING_DOWN)] * 3  # (a client still reading is told why)
     finally:
         thread.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import socket
 import threading
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from runner.core.errors import RunnerError
+from runner.server.engine_thread import SHUTTING_DOWN
 from runner.server.serve import API_KEY_ENV, api_key
 from server_process import ServerProcess
 
@@ -73,7 +75,9 @@ def test_sigterm_with_streams_open_cancels_them_and_exits_promptly(smollm2_path:
     for c in clients:
         c.join(timeout=30)
     assert exit_code in (0, -signal.SIGTERM)
-    assert ends == ["data: [DONE]"] * 3  # each stream was ended (cancelled), not cut
+    # each stream was ended with the reason, not cut, and not passed off as a whole reply ([DONE])
+    ended = {"error": {"message": SHUTTING_DOWN, "type": "server_error", "param": None, "code": "generation_failed"}}
+    assert ends == ["data: " + json.dumps(ended)] * 3
     with socket.socket() as s:  # the port is free again for a new server (which reuses TIME_WAIT addresses)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))

@@ -156,3 +156,29 @@ def test_errors_outside_a_handler_come_in_the_envelope_of_the_paths_dialect(app_
         failed = client.post("/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
         assert (failed.status_code, failed.json()) == (500, {"error": "internal error: RuntimeError"})
         assert client.get("/v1/nothing").json()["error"]["code"] == "not_found"  # OpenAI's, elsewhere
+
+
+def test_a_whole_reply_cut_by_shutdown_is_a_503_not_a_finished_reply(app_state: ServerState) -> None:
+    import threading
+    import time
+
+    from runner.server.engine_thread import SHUTTING_DOWN
+
+    gate = threading.Event()  # the engine thread waits here, so the request is queued when SIGTERM's cancel comes
+    holding = threading.Thread(target=lambda: app_state.engine_thread.call(gate.wait))
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        holding.start()
+        answers = []
+        body = {**BODY, "stream": False}
+        asking = threading.Thread(target=lambda: answers.append(client.post("/v1/chat/completions", json=body)))
+        asking.start()
+        deadline = time.monotonic() + 60
+        while app_state.engine_thread.n_waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        app_state.engine_thread.cancel_all()  # what SIGTERM does
+        gate.set()
+        asking.join(timeout=60)
+        holding.join(timeout=60)
+    assert answers[0].status_code == 503  # (was a 200 with finish_reason "stop")
+    assert answers[0].json()["error"] == {"message": SHUTTING_DOWN, "type": "server_error", "param": None,
+                                          "code": "shutting_down"}
