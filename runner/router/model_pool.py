@@ -225,8 +225,7 @@ class ModelPool:
         now = self._clock()
         due = [s for s in self._slots.values() if s.state is ModelState.LOADED and s.n_in_flight == 0
                and now - s.last_used_s >= s.keep_alive_s]
-        for slot in due:
-            await self._unload(slot, "idle past its keep-alive")
+        await self._unload_all(due, "idle past its keep-alive")
         return [s.model.name for s in due]
 
     def terminate_all(self) -> None:
@@ -306,8 +305,7 @@ class ModelPool:
             raise PoolError(503 if room.is_transient else 500, room.reason,
                             "model_busy" if room.is_transient else "insufficient_memory",
                             RETRY_AFTER_S if room.is_transient else None)
-        for name in room.evict:
-            await self._unload(self._slots[name], f"to make room for {slot.model.name}")
+        await self._unload_all([self._slots[name] for name in room.evict], f"to make room for {slot.model.name}")
 
     def _unload_soon(self, slot: _Slot) -> None:
         async def unload_if_still_idle() -> None:
@@ -319,9 +317,17 @@ class ModelPool:
         task.add_done_callback(slot.unloading.discard)
 
     async def _unload(self, slot: _Slot, why: str = "") -> None:
-        process, slot.process = slot.process, None
-        slot.n_bytes = 0
-        if process is not None:
-            await process.stop()
-            if why:
-                self._log(f"runner: unloaded {slot.model.name} ({why})")
+        await self._unload_all([slot], why)
+
+    async def _unload_all(self, slots: list[_Slot], why: str = "") -> None:
+        """Unload these models: every one is taken out of service before the first is awaited, so no
+        request acquires one of them while another stops (and then loses it mid-reply)."""
+        processes = []
+        for slot in slots:
+            processes.append(slot.process)
+            slot.process, slot.n_bytes = None, 0
+        for slot, process in zip(slots, processes, strict=True):
+            if process is not None:
+                await process.stop()
+                if why:
+                    self._log(f"runner: unloaded {slot.model.name} ({why})")

@@ -37,7 +37,11 @@ class FakeProcess:
             raise LoadFailed(self._failure, unavailable="worker" in self._failure)
         self._alive = True
 
+    stop_gate: asyncio.Event | None = None  # a stop that takes a while
+
     async def stop(self) -> None:
+        if self.stop_gate is not None:
+            await self.stop_gate.wait()
         if self._alive:
             self._log.append(f"stop {self.model.name}")
         self._alive = False
@@ -225,6 +229,33 @@ def test_under_a_memory_budget_the_lru_idle_model_goes_and_pinned_and_busy_ones_
         assert log == ["start pinned", "start old", "start busy", "stop old", "start new"]
         states = {s.model.name: s.state.value for s in pool.statuses()}
         assert states == {"pinned": "loaded", "old": "unloaded", "busy": "loaded", "new": "loaded"}
+
+    run(test)
+
+
+def test_models_evicted_together_are_out_of_service_before_the_first_stops() -> None:
+    """A request for the second victim, arriving while the first stops, must not get a process that
+    is then stopped under it (a reply cut short, passed off as whole)."""
+    log: list[str] = []
+
+    async def test() -> None:
+        pool, processes = make_pool(["a", "b", "big"], log, sizes={"a": 100, "b": 100, "big": 250},
+                                    memory_budget_bytes=300 * MIB)
+        for name in ("a", "b"):
+            await pool.acquire(name)
+            pool.release(name)
+        first_b = processes["b"]
+        slow = processes["a"].stop_gate = asyncio.Event()
+        loading = asyncio.create_task(pool.acquire("big"))  # evicts a and b: a's stop takes a while
+        await asyncio.sleep(0.01)
+        b = asyncio.create_task(pool.acquire("b"))
+        await asyncio.sleep(0.01)
+        slow.set()
+        answers = await asyncio.gather(loading, b, return_exceptions=True)
+        assert not first_b.is_alive  # (evicted)
+        # each request got a process that is still there, or a clear answer (503: the other holds the room)
+        assert all(isinstance(got, PoolError) and got.status == 503 or got.is_alive for got in answers), answers
+        assert not all(isinstance(got, PoolError) for got in answers)
 
     run(test)
 
