@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.cli.ps import API_KEY_ENV
 from runner.config.options import PORT
 from runner.core.errors import RunnerError
 
@@ -70,7 +71,8 @@ def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
                                                           "one is started there (default 8080)")
     p.add_argument("--ctx-size", type=int, default=AGENT_CTX,
                    help=f"tokens per slot for a server started here (default {AGENT_CTX})")
-    p.add_argument("--api-key", default=None, help="the found server's key (a started one needs none)")
+    p.add_argument("--api-key", default=None, help=f"the server's key (default: ${API_KEY_ENV}, which a server "
+                                                   "started here takes too)")
     p.set_defaults(agent_args=[])  # what follows `--` on the command line: main() puts it here
 
 
@@ -88,11 +90,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if executable is None:
         raise RunnerError(f"{agent.executable} is not installed (not on PATH): `npm install -g {agent.package}`")
     base_url = f"http://{args.host}:{args.port}"
+    args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     served = _served_model(base_url, args.api_key)
     if served is not None:
-        if args.model is not None and args.model != served[0]:
-            print(f"runner: the server on {base_url} serves {served[0]}, not {args.model}; using it", file=sys.stderr)
-        return _run_agent(agent, executable, base_url, served, args)
+        return _run_agent(agent, executable, base_url, _chosen(base_url, served, args), args)
     server, log = _start_server(args)
     previous = signal.signal(signal.SIGTERM, _exit_on_signal)  # a kill of launch stops the server too
     try:
@@ -125,6 +126,36 @@ def _run_agent(agent: Agent, executable: str, base_url: str, served: tuple[str, 
         signal.signal(signal.SIGINT, previous)
 
 
+def _chosen(base_url: str, served: tuple[str, int | None], args: argparse.Namespace) -> tuple[str, int | None]:
+    """The model the agent is given: the one asked for where the server serves it (a server of several
+    models), else the server's own; the key is checked on the way (an agent given a wrong one only
+    ever sees 401s)."""
+    listed = _listed_models(base_url, args.api_key)
+    if args.model is None or args.model == served[0]:
+        return served
+    if args.model in listed:
+        return args.model, None  # (its context is the router's to know; /health tells the default model's)
+    print(f"runner: the server on {base_url} serves {', '.join(listed)}, not {args.model}; using {served[0]}",
+          file=sys.stderr)
+    return served
+
+
+def _listed_models(base_url: str, key: str | None) -> list[str]:
+    request = urllib.request.Request(f"{base_url}/v1/models",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return [m["id"] for m in json.loads(reply.read())["data"]]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            wanted = "takes another API key than the one given" if key else \
+                f"wants an API key: pass --api-key or set {API_KEY_ENV}"
+            raise RunnerError(f"the server on {base_url} {wanted}") from None
+        raise RunnerError(f"the server on {base_url} answered {exc.code} to /v1/models") from None
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunnerError(f"the server on {base_url} lists no models ({exc})") from None
+
+
 def _served_model(base_url: str, key: str | None) -> tuple[str, int | None] | None:
     """(model, tokens per slot) of the runner server at base_url; None when nothing answers there."""
     try:
@@ -153,13 +184,15 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Pa
 
     runner = [sys.executable] if is_frozen() else [sys.executable, "-m", "runner"]
     model = args.model or "gemma-3-270m"
-    log = Path(tempfile.gettempdir()) / f"runner-launch-{args.port}.log"
+    fd, name = tempfile.mkstemp(prefix=f"runner-launch-{args.port}-", suffix=".log")  # (a new file: no link followed)
+    log = Path(name)
     print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} "
           f"--ctx-size {args.ctx_size}` (log: {log})", file=sys.stderr)
-    with log.open("wb") as out:
+    env = {**os.environ, API_KEY_ENV: args.api_key} if args.api_key else None  # the key the agent is given
+    with os.fdopen(fd, "wb") as out:
         server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
                                    "--ctx-size", str(args.ctx_size), "--parallel", "1"],
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return server, log
 
 

@@ -22,7 +22,9 @@ FAKE_AGENT = """#!{python}
 import json, os, sys, urllib.request
 base = os.environ.get("ANTHROPIC_BASE_URL") or next(a.split("=", 1)[1].strip('"') for a in sys.argv
                                                     if a.startswith("model_providers.runner.base_url=")).removesuffix("/v1")
-with urllib.request.urlopen(base + "/v1/models") as reply:
+key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("RUNNER_API_KEY")
+request = urllib.request.Request(base + "/v1/models", headers={{"Authorization": "Bearer " + key}} if key else {{}})
+with urllib.request.urlopen(request) as reply:
     models = json.loads(reply.read())
 json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": models}}, open({record!r}, "w"))
 sys.exit(7)
@@ -93,3 +95,36 @@ def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(t
     assert "the server's slots hold 512 tokens" in proc.stderr  # the context asked for, and too small for an agent
     with pytest.raises(OSError):  # the server it started is gone
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_key_from_the_environment_reaches_the_agent_and_a_wrong_one_is_one_line(tiny_gguf: Path,
+                                                                                 tmp_path: Path) -> None:
+    """$RUNNER_API_KEY, as the README recommends: the server wants it, so the agent is given it (it was
+    given 'runner', and saw only 401s)."""
+    server = ServerProcess(str(tiny_gguf), tmp_path / "cache", "--ctx-size", "256", "--api-key", "s3cret")
+    try:
+        env, record = fake_agent(tmp_path, "claude")
+        proc = runner("launch", "claude", "--port", _port(server), env={**env, "RUNNER_API_KEY": "s3cret"})
+        assert proc.returncode == 7, proc.stderr
+        seen = json.loads(record.read_text())
+        assert seen["env"]["ANTHROPIC_API_KEY"] == "s3cret" and [m["id"] for m in seen["models"]["data"]] == ["tiny"]
+        wrong = runner("launch", "claude", "--port", _port(server), "--api-key", "nope", env=env)
+        assert_one_line_error(wrong, "takes another API key than the one given")
+        missing = runner("launch", "claude", "--port", _port(server), env={**env, "RUNNER_API_KEY": ""})
+        assert_one_line_error(missing, "wants an API key: pass --api-key or set RUNNER_API_KEY")
+    finally:
+        server.stop()
+
+
+def test_the_model_asked_for_is_used_where_a_server_of_several_serves_it(tiny_gguf: Path, tmp_path: Path) -> None:
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.gguf").write_bytes(tiny_gguf.read_bytes())
+    models = (str(tmp_path / "first.gguf"), str(tmp_path / "second.gguf"))
+    server = ServerProcess("first", tmp_path / "cache", "--ctx-size", "256", "--no-preload", models=models)
+    try:
+        env, record = fake_agent(tmp_path, "claude")
+        proc = runner("launch", "claude", "second", "--port", _port(server), env=env)
+        assert proc.returncode == 7, proc.stderr
+        assert json.loads(record.read_text())["argv"] == ["--model", "second"]  # (it was given the default, first)
+    finally:
+        server.stop()
