@@ -7,12 +7,34 @@ const API_KEY = "runner.apiKey";
 const DEFAULTS = { system: "", temperature: 0.8, top_p: 0.95, max_tokens: 512, seed: "", model: "" };
 
 const $ = (id) => document.getElementById(id);
-const state = { conversations: [], currentId: null, controller: null, pending: [], notice: "", inputs: {} };
+const state = { conversations: [], currentId: null, controller: null, streamingId: null, pending: [], notice: "",
+                inputs: {} };
 
 // -- storage -----------------------------------------------------------------------------------
+function stored() {
+  try { return JSON.parse(localStorage.getItem(STORE_KEY) || "[]"); } catch { return []; }
+}
 function load() {
-  try { state.conversations = JSON.parse(localStorage.getItem(STORE_KEY) || "[]"); } catch { state.conversations = []; }
+  state.conversations = stored().map(settled);
   state.currentId = localStorage.getItem(CURRENT_KEY);
+  if (!current()) newConversation();
+}
+// a reply the page was closed during is stored empty: it is said so, and its question is not sent again
+function settled(convo) {
+  convo.messages.forEach((m, i) => {
+    if (m.role !== "assistant" || m.content || m.error || m.stats || m.images?.length) return;
+    convo.messages[i] = { role: "assistant", content: "Error: the page was closed before this reply ended", error: true };
+    if (convo.messages[i - 1]?.role === "user") convo.messages[i - 1].unsent = true;
+  });
+  return convo;
+}
+// another tab saved: take its conversations, keeping the one this tab is streaming into as it is
+function merge(theirs) {
+  const streaming = state.controller ? state.streamingId : null;
+  const mine = state.conversations.find((c) => c.id === streaming);
+  state.conversations = theirs.map((c) => (c.id === streaming ? mine : c));
+  if (mine && !theirs.some((c) => c.id === streaming)) state.conversations.unshift(mine);
+  if (!current()) state.currentId = state.conversations[0]?.id || null;
   if (!current()) newConversation();
 }
 function save() {
@@ -79,7 +101,8 @@ function renderMessageBody(body, msg) {
 
 function messageElement(msg) {
   const el = document.createElement("div");
-  el.className = "message " + msg.role + (msg.error ? " error" : "");
+  el.className = "message " + msg.role + (msg.error ? " error" : "") + (msg.unsent ? " unsent" : "");
+  if (msg.unsent) el.title = "not sent with later messages: it got no reply";
   if (msg.images?.length) el.appendChild(thumbnails(msg.images, "images"));
   const body = document.createElement("div");
   body.className = "body";
@@ -157,13 +180,18 @@ function takesImages() {
 
 async function attachFiles(files) {
   const images = [...files].filter((f) => f.type.startsWith("image/"));
-  if (!images.length) return;
+  const skipped = images.length < files.length ? "only images can be attached here" : "";  // (say why, not nothing)
+  if (!images.length) {
+    state.notice = skipped;
+    renderAttachments();
+    return;
+  }
   if (!takesImages()) {
     state.notice = `${selectedModel()} takes no images: choose a vision model, or start it with --mmproj`;
     renderAttachments();
     return;
   }
-  state.notice = "";
+  state.notice = skipped;
   for (const file of images) {
     state.pending.push(await new Promise((resolve, reject) => {
       const reader = new FileReader();
@@ -201,7 +229,7 @@ function requestBody(convo) {
   const messages = [];
   if (s.system) messages.push({ role: "system", content: s.system });
   for (const m of convo.messages) {
-    if (m.error || (!m.content && !m.images?.length)) continue;
+    if (m.error || m.unsent || (!m.content && !m.images?.length)) continue;
     const content = m.images?.length  // OpenAI's parts: the text, then each image as a data URI
       ? [{ type: "text", text: m.content }, ...m.images.map((url) => ({ type: "image_url", image_url: { url } }))]
       : m.content;
@@ -219,7 +247,9 @@ async function send(text) {
   const convo = current();
   if (convo.messages.length === 0) convo.title = text.slice(0, 40) || "Image";
   const images = state.pending.splice(0);
-  convo.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+  const question = images.length ? { role: "user", content: text, images } : { role: "user", content: text };
+  convo.messages.push(question);
+  state.streamingId = convo.id;
   state.notice = "";
   const reply = { role: "assistant", content: "", pieces: [] };
   convo.messages.push(reply);
@@ -275,7 +305,10 @@ async function send(text) {
   }
   const end = performance.now();
   if (failed) {
-    if (!reply.content) convo.messages.pop();
+    if (!reply.content) {  // refused (too long, a bad image...): shown, but not sent again with the next message
+      convo.messages.pop();
+      question.unsent = true;
+    }
     convo.messages.push({ role: "assistant", content: "Error: " + failed, error: true });
   } else {
     const n = usage ? usage.completion_tokens : nTokens;
@@ -362,6 +395,7 @@ function bind() {
     send(text);
   });
   $("input").addEventListener("keydown", (ev) => {
+    if (ev.isComposing || ev.keyCode === 229) return;  // an input method's Enter picks its candidate
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
   });
   $("stop").addEventListener("click", () => state.controller?.abort());
@@ -418,6 +452,11 @@ function bind() {
 
 load();
 bind();
+window.addEventListener("storage", (ev) => {  // another tab of this page saved
+  if (ev.key !== STORE_KEY) return;
+  merge(stored());
+  if (state.controller) renderList(); else renderAll();  // (a reply streaming here keeps its bubble)
+});
 if (document.body.dataset.needsKey === "yes" && !localStorage.getItem(API_KEY)) askForKey();
 renderAll();
 loadModels();

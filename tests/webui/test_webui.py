@@ -301,3 +301,58 @@ def test_a_text_only_model_refuses_an_image_with_a_readable_message(page, tmp_pa
     notice = page.wait_for_selector("#attachments .notice")
     assert notice.inner_text() == f"{MODEL} takes no images: choose a vision model, or start it with --mmproj"
     assert page.locator("#attachments img").count() == 0
+
+
+def test_a_refused_message_is_shown_but_not_sent_again(page) -> None:
+    """A message the server refused (here: longer than a slot) stayed in the history and was sent with
+    every later one, so the conversation could only fail from then on."""
+    set_settings(page, temperature=0, max_tokens=4)
+    send(page, "word " * 3000)
+    page.wait_for_selector(".message.assistant.error")
+    assert "context" in page.locator(".message.assistant.error").inner_text()
+    assert page.locator(".message.user.unsent").count() == 1
+    with page.expect_request("**/v1/chat/completions") as req:
+        send(page, "Hi")
+    assert json.loads(req.value.post_data)["messages"] == [{"role": "user", "content": "Hi"}]
+    page.wait_for_selector(".message.assistant .stats")
+
+
+def test_a_reply_the_page_was_closed_during_is_said_so_and_its_question_not_sent_again(page) -> None:
+    set_settings(page, temperature=0, max_tokens=1500)
+    send(page, LONG)
+    wait_for_reply_longer_than(page, 30)
+    page.reload()  # (the stored reply was empty: the next request sent two user turns in a row)
+    page.wait_for_selector(".message.assistant.error")
+    assert page.locator(".message.assistant.error").inner_text().endswith("the page was closed before this reply ended")
+    with page.expect_request("**/v1/chat/completions") as req:
+        send(page, "Hi")
+    assert json.loads(req.value.post_data)["messages"] == [{"role": "user", "content": "Hi"}]
+    page.wait_for_selector(".message.assistant .stats")
+
+
+def test_two_tabs_keep_each_others_conversations(browser, server: ServerProcess) -> None:
+    context = browser.new_context()  # (one browser profile: one localStorage for both tabs)
+    tabs = [context.new_page() for _ in range(2)]
+    for tab in tabs:
+        tab.goto(server.url + "/")
+    for tab, text in zip(tabs, ["Say A.", "Say B."]):
+        if text == "Say B.":
+            tab.click("#new-chat")  # (the tabs share the current conversation until one starts another)
+        set_settings(tab, temperature=0, max_tokens=4)
+        send(tab, text)
+        tab.wait_for_selector(".message.assistant .stats")
+    tabs[0].reload()  # (tab B's save wrote the conversations it had read at load: A's was lost)
+    names = tabs[0].locator("#conversations .name").all_inner_texts()
+    assert "Say A." in names and "Say B." in names
+    context.close()
+
+
+def test_enter_while_an_input_method_composes_does_not_send_and_other_files_are_named(page, tmp_path: Path) -> None:
+    page.fill("#input", "ni")
+    page.dispatch_event("#input", "keydown", {"key": "Enter", "isComposing": True})
+    page.wait_for_timeout(200)
+    assert page.locator(".message").count() == 0 and page.input_value("#input") == "ni"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not an image")
+    page.set_input_files("#attach", str(notes))
+    assert page.wait_for_selector("#attachments .notice").inner_text() == "only images can be attached here"
