@@ -20,8 +20,10 @@ from runner.server.app import assembled
 EXPIRY_INTERVAL_S = 1.0
 
 
-def create_router_app(state: RouterState, log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
-                      ) -> Starlette:
+def create_router_app(state: RouterState, log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+                      on_closed: Callable[[], None] = lambda: None) -> Starlette:
+    """on_closed runs once every model process has ended (here, not after uvicorn returns: on SIGTERM
+    uvicorn re-raises the signal once it has shut down, and the process ends there)."""
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if state.preload and state.pool.default is not None:
@@ -35,6 +37,7 @@ def create_router_app(state: RouterState, log: Callable[[str], None] = lambda li
         with contextlib.suppress(asyncio.CancelledError):
             await expiry
         await state.pool.close()
+        on_closed()
 
     return assembled(routes(state), lifespan, state.hosts, state.cors_origins)
 

@@ -103,7 +103,9 @@ class ModelProcess:
             if line.startswith(ERROR_MARK):
                 return line.removeprefix(ERROR_MARK)
         how = f"exit status {code}" if code is None or code >= 0 else f"signal {signal.Signals(-code).name}"
-        last = ": " + _SOURCE_PATH.sub("", self._tail[-1]) if self._tail else ""
+        # (its "serving" line is not last words: a process killed while serving said nothing more)
+        said = self._tail[-1] if self._tail and not self._tail[-1].startswith(READY_MARK) else None
+        last = ": " + _SOURCE_PATH.sub("", said) if said is not None else ""
         return f"the model process for '{self.model.name}' ended ({how}){last}"
 
     async def set_threads(self, n_threads: int) -> None:

@@ -118,14 +118,19 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
                         preload=not args.no_preload, describe=header_reader(store), store=store, options=options)
     n_models = f"{len(models)} model{'s' if len(models) > 1 else ''}"
     log(f"runner: {n_models} servable (first: {models[0].name}); idle models unload after {describe(keep_alive)}")
-    config_ = uvicorn.Config(create_router_app(state, log), host=args.host, port=args.port, log_level="warning",
-                             access_log=False, timeout_graceful_shutdown=3)
+
+    def remove_sockets_dir() -> None:
+        if sockets.exists() and not any(sockets.iterdir()):
+            sockets.rmdir()
+
+    config_ = uvicorn.Config(create_router_app(state, log, remove_sockets_dir), host=args.host, port=args.port,
+                             log_level="warning", access_log=False, timeout_graceful_shutdown=3)
     server = CancellingServer(config_, on_exit=pool.terminate_all)
     print_ready(server, n_models, "", on_ready)
     try:
         server.run(sockets=listening)
     finally:
-        sockets.rmdir() if sockets.exists() and not any(sockets.iterdir()) else None
+        remove_sockets_dir()
     return 0
 
 

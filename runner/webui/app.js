@@ -23,7 +23,8 @@ function load() {
 function settled(convo) {
   convo.messages.forEach((m, i) => {
     if (m.role !== "assistant" || m.content || m.error || m.stats || m.images?.length) return;
-    convo.messages[i] = { role: "assistant", content: "Error: the page was closed before this reply ended", error: true };
+    convo.messages[i] = { role: "assistant", error: true,
+                          content: "Error: the page was closed before this reply ended" };
     if (convo.messages[i - 1]?.role === "user") convo.messages[i - 1].unsent = true;
   });
   return convo;

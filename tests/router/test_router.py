@@ -396,3 +396,22 @@ def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
     finally:
         server.stop()
         hub.stop()
+
+
+def test_a_router_ended_by_sigterm_leaves_no_socket_directory(tiny_gguf: Path, tmp_path: Path) -> None:
+    """uvicorn re-raises SIGTERM once it has shut down: what runs after it never ran, and every stopped
+    router left its /tmp/runner-* directory behind."""
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.gguf").write_bytes(tiny_gguf.read_bytes())
+    server = ServerProcess("first", tmp_path / "cache", "--ctx-size", "256",
+                           models=(str(tmp_path / "first.gguf"), str(tmp_path / "second.gguf")))
+    try:
+        assert wait_for(lambda: listed(server)["first"]["status"]["value"] == "loaded")
+        argv = Path(f"/proc/{listed(server)['first']['pid']}/cmdline").read_bytes().split(b"\0")
+        sockets = Path(argv[argv.index(b"--uds") + 1].decode()).parent
+        assert sockets.is_dir() and sockets.name.startswith("runner-")
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(timeout=30)
+        assert not sockets.exists()
+    finally:
+        server.stop()
