@@ -196,6 +196,8 @@ class LoadedModel:
         other drafter is named."""
         opts, n_mtp = self.options, self.info.arch_int("nextn_predict_layers", 0)
         if opts.spec == "mtp":
+            if opts.draft:
+                raise OptionError(f"--spec mtp drafts with the model's own MTP layers: leave out --draft {opts.draft}")
             if not n_mtp:
                 raise OptionError(f"--spec mtp: {self.path.name} has no MTP layers (its GGUF sets no "
                                   f"{self.info.architecture}.nextn_predict_layers)")
@@ -219,6 +221,9 @@ class LoadedModel:
         forced = opts.spec in ("on", "mtp", "eagle3") or bool(opts.draft)  # (else a failure only means no drafting)
         draft = opts.draft or (ref.entry.draft if ref and opts.spec in ("auto", "on") else "")
         draft = "mtp" if self.uses_mtp else draft or self._hub_head(store, log)
+        if opts.spec == "eagle3" and draft == "ngram":
+            raise OptionError("--spec eagle3 drafts with an EAGLE3 head: --draft ngram is not one "
+                              "(name the head's GGUF)")
         if opts.spec == "eagle3" and not draft:
             raise OptionError("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF of "
                               "architecture eagle3)")

@@ -7,6 +7,7 @@ engine thread's."""
 
 from __future__ import annotations
 
+from runner.core.errors import InputError
 from runner.prompt.chat_template import ChatTemplate
 from runner.prompt.tools import HERMES, syntax_of
 from runner.runtime.gguf_file import GgufInfo
@@ -14,7 +15,7 @@ from runner.runtime.llama import Model
 from runner.scheduler.scheduler import PromptTooLongError, check_prompt_length
 
 
-class TokenIdError(ValueError):
+class TokenIdError(InputError):
     """A token id outside the model's vocabulary."""
 
 

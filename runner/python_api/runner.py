@@ -45,7 +45,15 @@ class BeamReply:
 
 
 def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
-    return [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in messages]
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, Message):
+            out.append(m)
+        elif isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str):
+            out.append(Message(m["role"], m["content"]))
+        else:
+            raise InputError(f"messages[{i}] must be a Message or {{'role': str, 'content': str}}, got {m!r:.80}")
+    return out
 
 
 def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
@@ -95,18 +103,24 @@ class Runner:
 
     def request(
         self, prompt_ids: tuple[int, ...], max_tokens: int | None = None, stop: str | Sequence[str] = (),
-        json_schema: dict | str | None = None, grammar: str | None = None, **sampling: Any
+        json_schema: dict | str | None = None, grammar: str | None = None, *, media: tuple[Any, ...] = (),
+        **sampling: Any
     ) -> GenerationRequest:
         """max_tokens: EngineOptions.max_tokens when not given (0: nothing; never past the slot's context).
         json_schema (a dict or JSON text; {} or {"type": "object"}: any object) or grammar (Lark or GBNF):
-        what the reply must follow (ConstraintError if it cannot compile)."""
+        what the reply must follow (ConstraintError if it cannot compile). media: the image spans a
+        prompt from LoadedModel.chat_prompt holds (their places hold ids outside the vocabulary)."""
         unknown = set(sampling) - _SAMPLING_FIELDS
         if unknown:
             raise TypeError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
+            raise InputError(f"max_tokens must be a whole number, 0 or more (None: the default), got {max_tokens!r}")
         facts = self.loaded.facts
+        if not media:
+            facts.check_token_ids(prompt_ids)  # (TokenIdError: an id llama_decode would be handed otherwise)
         length = reply_length(max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
         return generation_request(f"api-{next(_ids)}", prompt_ids, SamplingParams(**sampling), length, _stops(stop),
-                                  self._constraint(json_schema, grammar))
+                                  self._constraint(json_schema, grammar), media=media)
 
     def _constraint(self, json_schema: dict | str | None, grammar: str | None) -> Constraint | None:
         if json_schema is not None and grammar is not None:
@@ -150,7 +164,7 @@ class Runner:
         if not images:
             return self.stream(self.request(self.loaded.chat_prompt_ids(_messages(messages)), **kwargs))
         prompt_ids, media = self.loaded.chat_prompt(_messages(messages), None, self._image_chunks(images))
-        return self.stream(dataclasses.replace(self.request(prompt_ids, **kwargs), media=media))
+        return self.stream(self.request(prompt_ids, media=tuple(media), **kwargs))
 
     def chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
              **kwargs: Any) -> str:
@@ -238,6 +252,8 @@ class Runner:
         template), best first. Needs n slots: open the Runner with parallel >= n."""
         if n < 2 or n > self.loaded.options.parallel:
             raise ValueError(f"beam search needs 2 <= n <= parallel ({self.loaded.options.parallel}); got {n}")
+        if max_tokens == 0:
+            raise InputError("beam search ranks continuations: max_tokens must be at least 1")
         requests = beam_requests(self.request(self._prompt_ids(prompt), max_tokens), n,
                                  BeamParams(length_penalty, early_stopping))
         finals = self._run_group(requests)

@@ -109,3 +109,21 @@ def test_threads_sharing_a_runner_each_get_their_own_reply(tiny_gguf: Path) -> N
             groups = list(pool.map(lambda p: r.choices(p, n=2, temperature=0, max_tokens=8), prompts))
     assert together == alone * 3
     assert all(len(g) == 2 and g[0] == g[1] for g in groups)
+
+
+def test_what_the_python_api_cannot_use_is_an_input_error(tiny_gguf: Path) -> None:
+    """(each was a KeyError or TypeError from deep inside, a token id handed to llama_decode, or a
+    negative length taken as 1)"""
+    from runner.core.errors import InputError
+
+    with Runner(tiny_gguf, log=lambda _: None, parallel=2) as r:
+        for bad in ([{"role": "user"}], [{"role": "user", "content": None}], ["hi"]):
+            with pytest.raises(InputError, match=r"messages\[0\] must be"):
+                r.chat(bad)
+        for max_tokens in (-5, 5.5, "5", True):
+            with pytest.raises(InputError, match="max_tokens must be a whole number"):
+                r.complete("the cat", max_tokens=max_tokens)
+        with pytest.raises(InputError, match="token ids must be in"):
+            r.request((1, 10**6), max_tokens=2)
+        with pytest.raises(InputError, match="max_tokens must be at least 1"):
+            r.beam_search("the cat", n=2, max_tokens=0)

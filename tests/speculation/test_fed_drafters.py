@@ -237,6 +237,8 @@ def test_spec_mtp_on_a_model_without_mtp_layers_is_one_line(tiny_gguf: Path) -> 
         load_tiny(tiny_gguf, 1, spec="mtp")
     assert str(refused.value) == ("--spec mtp: tiny.gguf has no MTP layers (its GGUF sets no "
                                   "llama.nextn_predict_layers)")
+    with pytest.raises(OptionError, match="--spec mtp drafts with the model's own MTP layers: leave out --draft ngram"):
+        load_tiny(tiny_gguf, 1, spec="mtp", draft="ngram")  # (the --draft was dropped without a word)
 
 
 def test_a_model_with_a_recurrent_state_is_refused_mtp_in_one_line(mtp_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,6 +266,8 @@ def test_spec_eagle3_needs_a_head_for_this_target_and_says_so_in_one_line(
         load_tiny(tiny_gguf, 1, spec="eagle3")
     assert str(refused.value) == ("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF "
                                   "of architecture eagle3)")
+    with pytest.raises(OptionError, match="--draft ngram is not one"):  # (it drafted n-grams without a word)
+        load_tiny(tiny_gguf, 1, spec="eagle3", draft="ngram")
     with pytest.raises(OptionError) as refused:
         load_tiny(tiny_gguf, 1, spec="eagle3", draft=str(tiny_gguf))
     assert str(refused.value) == "--spec eagle3: tiny.gguf is a llama model, not an EAGLE3 head (GGUF architecture eagle3)"
