@@ -119,6 +119,7 @@ class ModelPool:
         self.default = models[0].name if models else None
         self._spawn, self._plan_bytes = spawn, plan_bytes
         self._max_models, self._budget, self._available = max_models, memory_budget_bytes, available_bytes
+        self._is_closing = False  # terminate_all was called: a load that fails now was stopped, not broken
         self._max_waiting, self._clock, self._log = max_waiting, clock, log
         self._room_lock = asyncio.Lock()
         self._n_threads = n_threads  # the cores the busy models share (0: each keeps its own)
@@ -230,6 +231,7 @@ class ModelPool:
 
     def terminate_all(self) -> None:
         """Signal every model process to stop (a shutdown; close() then waits for them)."""
+        self._is_closing = True
         for slot in self._slots.values():
             if slot.process is not None:
                 slot.process.terminate()
@@ -278,6 +280,8 @@ class ModelPool:
                 await process.start()
             except LoadFailed as exc:
                 slot.process = None
+                if self._is_closing:  # (stopped by the shutdown: not a failure of the model's)
+                    raise PoolError(503, "the server is shutting down", "shutting_down") from None
                 slot.failure = str(exc)
                 if exc.unavailable:  # what it needs is not there now (an RPC worker): worth a retry later
                     raise PoolError(503, f"'{slot.model.name}' is unavailable: {exc}", "model_unavailable",

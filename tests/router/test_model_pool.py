@@ -346,3 +346,22 @@ def test_busy_models_share_the_cores_and_one_alone_gets_them_all_back() -> None:
         assert log[-3:] == ["threads a 4", "threads b 4", "threads c 4"]
 
     run(test)
+
+
+def test_a_load_stopped_by_the_shutdown_is_a_503_not_the_models_failure() -> None:
+    log: list[str] = []
+
+    async def test() -> None:
+        gate = asyncio.Event()
+        pool, processes = make_pool(["a"], log, gate=gate)
+        loading = asyncio.create_task(pool.acquire("a"))
+        await asyncio.sleep(0.01)
+        pool.terminate_all()  # SIGTERM, while the process is starting
+        processes["a"]._failure = "the model process for 'a' ended (signal SIGTERM)"
+        gate.set()
+        with pytest.raises(PoolError) as refused:
+            await loading
+        assert (refused.value.status, refused.value.code) == (503, "shutting_down")  # (was 500 model_load_failed)
+        assert {s.model.name: s.failure for s in pool.statuses()} == {"a": ""}  # (and 'a' was marked failed)
+
+    run(test)
