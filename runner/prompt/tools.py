@@ -17,6 +17,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from runner.core.json_schemas import closed_objects
+
 HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
 # where a call begins in each syntax: with tool_choice auto the grammar takes over from there
 TRIGGERS = {HERMES: "<tool_call>", LLAMA3: '{"name"', MISTRAL: "[TOOL_CALLS]"}
@@ -69,7 +71,8 @@ def fallback_system_prompt(tools: list[Tool]) -> str:
 
 
 def _call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
-    options = [{"type": "object", "properties": {"name": {"const": t.name}, arguments_key: t.parameters or {"type": "object"}},
+    options = [{"type": "object", "properties": {"name": {"const": t.name},
+                                                 arguments_key: closed_objects(t.parameters) or {"type": "object"}},
                 "required": ["name", arguments_key], "additionalProperties": False} for t in tools]
     return options[0] if len(options) == 1 else {"anyOf": options}
 

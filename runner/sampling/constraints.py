@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from runner.core.errors import RunnerError
+from runner.core.json_schemas import closed_objects
 
 KINDS = ("json_schema", "json_object", "lark", "gbnf")
 # JSON on one line with the usual separators: no run-away whitespace, and the keys and punctuation
@@ -43,11 +44,9 @@ def grammar_text(kind: str, source: str) -> str:
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 
-    if kind == "json_object":
-        return llguidance.LLMatcher.grammar_from_json_schema(source or json.dumps({"type": "object"}),
-                                                             defaults=JSON_LAYOUT)
-    if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(source, defaults=JSON_LAYOUT)
+    if kind in ("json_object", "json_schema"):  # (objects closed as llama.cpp's server closes them)
+        schema = closed_objects(json.loads(source)) if source else {"type": "object"}
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
     if kind == "gbnf":
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
     return llguidance.LLMatcher.grammar_from_lark(source)

@@ -87,6 +87,18 @@ def test_format_takes_a_json_schema_and_json(client: ollama.Client) -> None:
     assert isinstance(json.loads(anything.response), dict)
 
 
+
+def test_a_schema_that_says_nothing_of_other_keys_gets_only_its_own(client: ollama.Client) -> None:
+    """As llama.cpp's server (and Ollama) reads it: pydantic's model_json_schema() says nothing of
+    additionalProperties, and read by the JSON Schema rule SmolLM2 added keys to the token limit
+    ('tails', 'eyes', 'tails', ...) and never closed the object."""
+    schema = {"type": "object", "title": "Pet", "required": ["name", "legs"],
+              "properties": {"name": {"type": "string", "title": "Name"}, "legs": {"type": "integer", "title": "Legs"}}}
+    reply = client.chat(model=MODEL, messages=[{"role": "user", "content": "Invent a pet."}], format=schema,
+                        options={"temperature": 0, "num_predict": 200})
+    assert reply.done_reason == "stop" and set(json.loads(reply.message.content)) == {"name", "legs"}
+
+
 def test_a_tool_call_comes_back_with_arguments_as_an_object_and_its_result_is_used(client: ollama.Client,
                                                                                    server: ServerProcess) -> None:
     ask = [{"role": "user", "content": "What's the weather in Paris?"}]
