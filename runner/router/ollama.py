@@ -46,7 +46,7 @@ async def ps(state: RouterState, request: Request) -> Response:
         info = state.describe(s.model) if s.state is ModelState.LOADED else None
         if info is not None:
             expires_at = None if s.expires_in_s is None else time.time() + s.expires_in_s
-            running.append(ollama_models.running(s.model.name, info, s.n_bytes, expires_at))
+            running.append(ollama_models.running(s.model.name, info, s.n_bytes, expires_at, s.model.options.ctx_size))
     return JSONResponse({"models": running})
 
 

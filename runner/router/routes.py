@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-
 from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -28,6 +28,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.guards import check_json_content_type, read_body
 from runner.server.openapi import openapi_document
 from runner.server.request_fields import check_model, parse_json
+from runner.server.routes import one_model
 from runner.server import routes as server_routes
 from runner.server.routes import index_page, route_table
 
@@ -107,13 +108,22 @@ def _inputs(state: RouterState, model: ServableModel) -> list[str]:
 async def v1_models(state: RouterState, request: Request) -> Response:
     """OpenAI's list, every servable id, each with its state (an extension: status.value)."""
     check_key(state.api_key, request)
-    data = [{"id": model_id, "object": "model", "created": state.created, "owned_by": "runner",
+    return JSONResponse({"object": "list", "data": _v1_entries(state)})
+
+
+async def v1_model(state: RouterState, request: Request) -> Response:
+    """GET /v1/models/{model}: one of the list (OpenAI's models.retrieve)."""
+    check_key(state.api_key, request)
+    return JSONResponse(one_model(_v1_entries(state), request.path_params["model"]))
+
+
+def _v1_entries(state: RouterState) -> list[dict[str, Any]]:
+    return [{"id": model_id, "object": "model", "created": state.created, "owned_by": "runner",
              "status": {"value": s.state.value},
              # (told from its options or the projector its Hub repo brought: the loaded model's own
              # /v1/models asks libmtmd)
              "inputs": _inputs(state, s.model)}
             for s in state.pool.statuses() for model_id in s.model.ids]
-    return JSONResponse({"object": "list", "data": data})
 
 
 async def models(state: RouterState, request: Request) -> Response:
@@ -210,6 +220,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/", index),
     *(("POST", path, model_request) for path in MODEL_PATHS),
     ("GET", "/v1/models", v1_models),
+    ("GET", "/v1/models/{model:path}", v1_model),
     ("GET", "/models", models),
     ("POST", "/models/load", load),
     ("POST", "/models/unload", unload),

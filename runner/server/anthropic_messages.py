@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from runner.prompt.chat_template import Message
 from runner.prompt.tools import Tool, ToolCall, ToolReading
+from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server import request_fields
@@ -190,10 +191,21 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     show_thinking, budget = _thinking(body.get("thinking"), body.get("output_config"))
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
-                          stop=stop, stream=stream)
+                          stop=stop, stream=stream, grammar=_output_format(body.get("output_config")))
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                       images=tuple(images.images),
                       ignored_tools=ignored, show_thinking=show_thinking, thinking_budget=budget)
+
+
+def _output_format(output_config: Any) -> GrammarSpec | None:
+    """Structured outputs: `output_config.format` {"type": "json_schema", "schema": {...}} is what the
+    reply's text must be (the JSON), as response_format is in OpenAI's API."""
+    fmt = output_config.get("format") if isinstance(output_config, dict) else None
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise invalid('output_config.format must be {"type": "json_schema", "schema": {...}}', "output_config.format")
+    return GrammarSpec("json_schema", json.dumps(fmt["schema"]), "output_config.format")
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:
@@ -269,8 +281,9 @@ class MessageBuilder:
 
     def _usage(self) -> dict[str, Any]:
         usage = self.usage
-        return {"input_tokens": self.n_prompt, "output_tokens": usage.completion_tokens if usage else 0,
-                "cache_read_input_tokens": usage.cached_tokens if usage else 0, "cache_creation_input_tokens": 0,
+        cached = usage.cached_tokens if usage else 0  # (Anthropic's input_tokens leaves the cache reads out)
+        return {"input_tokens": self.n_prompt - cached, "output_tokens": usage.completion_tokens if usage else 0,
+                "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0,
                 "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
                 "server_tool_use": None, "service_tier": "standard"}
 

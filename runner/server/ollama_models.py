@@ -59,12 +59,13 @@ def tag(name: str, info: GgufInfo) -> dict[str, Any]:
             "size": info.weights_bytes, "digest": digest(info), "details": details(info)}
 
 
-def running(name: str, info: GgufInfo, memory_bytes: int, expires_at: float | None, vram_bytes: int = 0
-            ) -> dict[str, Any]:
-    """/api/ps' entry (expires_at None: kept loaded for as long as the server runs)."""
+def running(name: str, info: GgufInfo, memory_bytes: int, expires_at: float | None, context_length: int,
+            vram_bytes: int = 0) -> dict[str, Any]:
+    """/api/ps' entry (expires_at None: kept loaded for as long as the server runs; context_length:
+    a slot's, what a request may use, as Ollama reports the context it runs with)."""
     until = expires_at if expires_at is not None else datetime.datetime(9999, 12, 31).timestamp()
     return {**tag(name, info), "expires_at": _iso(until), "size_vram": vram_bytes, "size": memory_bytes,
-            "context_length": info.arch_int("context_length", 0)}
+            "context_length": context_length}
 
 
 def show(info: GgufInfo) -> dict[str, Any]:

@@ -121,7 +121,7 @@ async def tags(state: ServerState, request: Request) -> Response:
 async def ps(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
     return JSONResponse({"models": [ollama_models.running(state.served_name, state.facts.gguf,
-                                                          state.facts.memory_bytes, None,
+                                                          state.facts.memory_bytes, None, state.facts.ctx_size,
                                                           int(state.facts.placement.get("gpu_bytes", 0)))]})
 
 

@@ -63,7 +63,10 @@ class CompletionLogprobs:
         text = token_bytes(lp.token_id).decode("utf-8", "replace")
         self.tokens.append(text)
         self.token_logprobs.append(lp.logprob)
-        self.top_logprobs.append({token_bytes(t).decode("utf-8", "replace"): p for t, p in lp.top})
+        top = {token_bytes(t).decode("utf-8", "replace"): p for t, p in lp.top}
+        if lp.top:  # the chosen token is always among them (OpenAI's: up to logprobs + 1 entries)
+            top.setdefault(text, lp.logprob)
+        self.top_logprobs.append(top)
         self.text_offset.append(self._offset)
         self._offset += len(text)
 

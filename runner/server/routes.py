@@ -7,7 +7,7 @@ import base64
 import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jinja2
 from starlette.concurrency import run_in_threadpool
@@ -136,9 +136,26 @@ async def embeddings(state: ServerState, request: Request) -> Response:
 # -- about the server ---------------------------------------------------------------------------
 async def models(state: ServerState, request: Request) -> Response:
     check_auth(state, request)
-    data = [{"id": m, "object": "model", "created": state.created, "owned_by": "runner",
+    return JSONResponse({"object": "list", "data": _model_entries(state)})
+
+
+async def model(state: ServerState, request: Request) -> Response:
+    """GET /v1/models/{model}: one of the list (OpenAI's models.retrieve)."""
+    check_auth(state, request)
+    return JSONResponse(one_model(_model_entries(state), request.path_params["model"]))
+
+
+def _model_entries(state: ServerState) -> list[dict[str, Any]]:
+    return [{"id": m, "object": "model", "created": state.created, "owned_by": "runner",
              "placement": state.facts.placement, "inputs": list(state.facts.inputs)} for m in state.model_ids]
-    return JSONResponse({"object": "list", "data": data})
+
+
+def one_model(entries: list[dict[str, Any]], model_id: str) -> dict[str, Any]:
+    """The entry with this id; 404 model_not_found naming the served ones."""
+    found = next((e for e in entries if e["id"] == model_id), None)
+    if found is None:
+        check_model(model_id, [e["id"] for e in entries])
+    return found  # type: ignore[return-value]
 
 
 async def openapi(state: ServerState, request: Request) -> Response:
@@ -197,6 +214,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/v1/messages", messages),
     ("POST", "/v1/messages/count_tokens", count_tokens),
     ("GET", "/v1/models", models),
+    ("GET", "/v1/models/{model:path}", model),
     ("GET", "/health", health),
     ("GET", "/openapi.json", openapi),
     ("GET", "/slots", slots),

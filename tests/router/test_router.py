@@ -138,6 +138,8 @@ def test_v1_models_lists_every_servable_model_with_its_state(router: ServerProce
     assert [m["id"] for m in data] == [SMOL, GEMMA]
     assert data[0]["status"] == {"value": "loaded"} and data[1]["status"]["value"] in ("loaded", "unloaded")
     assert router.get("/health").json()["status"] == "ok"
+    assert router.get(f"/v1/models/{GEMMA}").json() == data[1]  # (OpenAI's models.retrieve: it was a 404)
+    assert router.get("/v1/models/nope").json()["error"]["code"] == "model_not_found"
 
 
 def test_a_load_does_not_disturb_another_models_stream(router: ServerProcess) -> None:

@@ -49,6 +49,7 @@ def test_list_show_ps_and_version_describe_the_model(client: ollama.Client, serv
     assert shown.modelinfo["llama.context_length"] == 8192 and "<|im_start|>" in (shown.template or "")
     (running,) = client.ps().models
     assert running.model == MODEL and running.size and running.expires_at.year == 9999
+    assert running.context_length == 2048  # a slot's (--ctx-size), not the GGUF's 8192
     assert server.get("/api/version").json()["version"]
 
 

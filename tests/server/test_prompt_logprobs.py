@@ -103,6 +103,9 @@ def test_echo_scores_the_prompt_as_llama_cpp_does(server: ServerProcess, smollm2
     assert sum(lp["token_logprobs"][1:]) == pytest.approx(sum(reference_logprobs(smollm2_path, ids, monkeypatch)), abs=1e-3)
     by_ids = server.post("/v1/completions", json={"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0})
     assert by_ids.json()["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+    # each position's top includes the token that is there (OpenAI's: up to logprobs + 1 entries)
+    assert all(lp["top_logprobs"][i][t] == lp["token_logprobs"][i] and len(lp["top_logprobs"][i]) <= 2
+               for i, t in enumerate(lp["tokens"]) if i > 0)
 
 
 @pytest.mark.model

@@ -240,6 +240,13 @@ def test_prompt_longer_than_a_slot_gives_the_numbers(server: ServerProcess) -> N
     assert "tokens but a slot's context holds 1024" in err["message"]
 
 
+def test_a_model_is_retrieved_by_its_id(server: ServerProcess, client: openai.OpenAI) -> None:
+    listed = client.models.list().data
+    assert client.models.retrieve(listed[0].id).id == listed[0].id  # (it was a 404)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
 def test_wrong_route_and_method(server: ServerProcess) -> None:
     assert server.get("/v1/nothing").json()["error"]["code"] == "not_found"
     r = server.get("/v1/chat/completions")
