@@ -367,7 +367,8 @@ class LoadedModel:
         """Render the chat template and tokenize it (specials parsed; BOS added only if missing).
 
         Only the template's own text may produce special tokens: a message that spells one (a
-        user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text."""
+        user typing '<|im_end|>' to forge a turn) has its content tokenized as plain text. A last
+        message of the assistant's is continued, not answered (a prefill)."""
         return self.chat_prompt(messages, tools)[0]
 
     def chat_prompt(self, messages: list[Message], tools: list[Tool] | None = None,
@@ -375,11 +376,19 @@ class LoadedModel:
         """chat_prompt_ids with images: each IMAGE_MARK in the contents becomes the next image's span
         (placeholder ids; the spans say where). TemplateError if the marks and images disagree."""
         prompt = PromptWithImages(self.model, images)
-        if any(s in m.content for m in messages for s in self.model.special_texts):
-            self._chat_prompt_ids_with_plain_contents(messages, tools, prompt)
+        last = messages[-1] if messages else None
+        # a conversation that ends with the assistant's words is continued from them (a prefill, as
+        # Anthropic's API and llama.cpp's server take it): its turn opened, its words after, unclosed
+        is_prefill = last is not None and last.role == "assistant" and bool(last.content) and not last.tool_calls
+        prefill = last if is_prefill else None
+        turns = messages[:-1] if prefill is not None else messages
+        if any(s in m.content for m in turns for s in self.model.special_texts):
+            self._chat_prompt_ids_with_plain_contents(turns, tools, prompt)
         else:
-            text = self.template.render(messages, tools=tools)
+            text = self.template.render(turns, tools=tools)
             prompt.add(text, add_special=self._adds_bos(text), parse_special=True)
+        if prefill is not None:
+            prompt.add(prefill.content, add_special=False, parse_special=False)
         return prompt.finish()
 
     def _adds_bos(self, text: str) -> bool:

@@ -42,6 +42,17 @@ def test_ordinary_messages_tokenize_as_the_whole_rendered_text(loaded: LoadedMod
     assert loaded.chat_prompt_ids(messages) == tuple(loaded.model.tokenize(text, add_special=True, parse_special=True))
 
 
+def test_a_last_assistant_message_is_continued_not_answered(loaded: LoadedModel) -> None:
+    """A prefill, as Anthropic's API and llama.cpp's server take it (the reply started over: a new
+    turn after a closed one)."""
+    ask = [Message("user", "Count to five.")]
+    ids = loaded.chat_prompt_ids([*ask, Message("assistant", "1, 2,")])
+    opened = loaded.chat_prompt_ids(ask)  # ... '<|im_start|>assistant\n': the turn opened
+    assert ids == opened + tuple(loaded.model.tokenize("1, 2,", add_special=False, parse_special=False))
+    calls = loaded.chat_prompt_ids([*ask, Message("assistant", "")])  # (no words: answered, as before)
+    assert calls.count(control_ids(loaded)["<|im_start|>"]) == 3
+
+
 def test_the_model_knows_its_special_texts(loaded: LoadedModel) -> None:
     assert set(loaded.model.special_texts) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 

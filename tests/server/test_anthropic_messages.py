@@ -98,6 +98,14 @@ def client(server: ServerProcess):
 
 
 @pytest.mark.model
+def test_a_prefilled_reply_is_continued(client: anthropic.Anthropic) -> None:
+    """The last message the assistant's: the reply is its continuation (it started over: '1, 2, 3, 4, 5')."""
+    reply = client.messages.create(model=MODEL, max_tokens=12, **GREEDY, messages=[
+        {"role": "user", "content": "Count to five."}, {"role": "assistant", "content": "1, 2,"}])
+    assert reply.content[0].text == " 3, 4, 5."
+
+
+@pytest.mark.model
 def test_structured_output_follows_output_config_format(client: anthropic.Anthropic) -> None:
     """(it was ignored: free text, and the SDK's messages.parse failed on it)"""
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
