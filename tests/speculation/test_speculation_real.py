@@ -20,9 +20,9 @@ from runner.sampling.params import SamplingParams
 from runner.catalog.store import ModelStore
 
 pytestmark = pytest.mark.model
+# 14 prompts: with 4 slots, three rounds of them queue behind each other (and every fourth does not draft)
 TOPICS = ["the sea", "bread", "a lighthouse", "winter", "bees", "trains", "the moon", "tea", "rivers", "cats",
-          "music", "gardens", "rain", "mountains", "libraries", "bicycles", "clocks", "owls", "snow", "maps",
-          "candles", "ships"]
+          "music", "gardens", "rain", "mountains"]
 PROMPTS = [f"<|im_start|>user\nWrite two sentences about {t}.<|im_end|>\n<|im_start|>assistant\n" for t in TOPICS]
 
 
