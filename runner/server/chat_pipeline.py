@@ -58,11 +58,15 @@ class ChatRequest:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """A text completion made ready for the engine."""
+    """A text completion made ready for the engine: per prompt, its group of choices."""
 
-    gens: list[GenerationRequest]  # best_of of them (n when no best_of)
+    groups: list[list[GenerationRequest]]  # one per prompt: best_of requests (n when no best_of)
     common: CommonParams
-    echo: tuple[str, tuple[int, ...]] | None  # the prompt's text and ids, when echoed
+    echoes: list[tuple[str, tuple[int, ...]] | None]  # per prompt, its text and ids when echoed
+
+    @property
+    def gens(self) -> list[GenerationRequest]:
+        return [gen for group in self.groups for gen in group]
 
 
 async def chat_request(state: ServerState, params: ChatParams, prefix: str) -> ChatRequest:
@@ -162,15 +166,37 @@ async def _chat_constraint(state: ServerState, params: ChatParams, common: Commo
 
 
 async def completion_request(state: ServerState, params: CompletionParams) -> CompletionRequest:
-    """Tokenize the prompt (or take its ids), compile best_of grammar states, ask for the logprobs
-    best_of ranks by, and score the prompt when it is echoed with logprobs."""
-    if isinstance(params.prompt, tuple):
-        prompt_ids = params.prompt
-    else:
-        check_fits(state, len(params.prompt), "prompt")
-        prompt_ids = await run_in_threadpool(state.loaded.text_prompt_ids, params.prompt)
+    """Each prompt made ready: its choices, and its text and ids when echoed (a prompt the server
+    cannot take is refused by its index when the request holds several)."""
     common = params.common
     check_n(state, params.best_of, "best_of" if params.best_of > common.n else "n")
+    n_requests, most = len(params.prompts) * params.best_of, state.facts.n_slots + state.engine_thread.max_queue
+    if n_requests > most:
+        raise invalid(f"'prompt' holds {len(params.prompts)} prompts of {params.best_of} choice(s) each; this server "
+                      f"takes at most {most} requests at once (--parallel plus --max-queue)", "prompt")
+    groups, echoes = [], []
+    for i, prompt in enumerate(params.prompts):
+        try:
+            group, echo = await _completion_group(state, params, prompt)
+        except ApiError as exc:
+            if len(params.prompts) > 1:
+                exc.message = f"prompt {i}: {exc.message}"
+            raise
+        groups.append(group)
+        echoes.append(echo)
+    return CompletionRequest(groups, common, echoes)
+
+
+async def _completion_group(state: ServerState, params: CompletionParams, prompt: str | tuple[int, ...]
+                            ) -> tuple[list[GenerationRequest], tuple[str, tuple[int, ...]] | None]:
+    """Tokenize one prompt (or take its ids), compile best_of grammar states, ask for the logprobs
+    best_of ranks by, and score the prompt when it is echoed with logprobs."""
+    if isinstance(prompt, tuple):
+        prompt_ids = prompt
+    else:
+        check_fits(state, len(prompt), "prompt")
+        prompt_ids = await run_in_threadpool(state.loaded.text_prompt_ids, prompt)
+    common = params.common
     constraints = [await compile_grammar(state, common) for _ in range(params.best_of)]
     scoring = params.best_of > common.n and common.n_top_logprobs is None
     engine_common = dataclasses.replace(common, n_top_logprobs=0) if scoring else common  # best_of ranks by them
@@ -179,9 +205,9 @@ async def completion_request(state: ServerState, params: CompletionParams) -> Co
                                 common.n_top_logprobs if scores_prompt else None)
     echo = None
     if params.echo:
-        text = params.prompt if isinstance(params.prompt, str) else state.facts.detokenize(list(prompt_ids))
+        text = prompt if isinstance(prompt, str) else state.facts.detokenize(list(prompt_ids))
         echo = (text, prompt_ids)
-    return CompletionRequest(choice_requests(first, constraints), common, echo)
+    return choice_requests(first, constraints), echo
 
 
 def check_n(state: ServerState, n: int, param: str = "n") -> None:

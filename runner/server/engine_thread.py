@@ -76,18 +76,21 @@ class EngineThread:
     # -- called from other threads ----------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: EventSink) -> None:
         """Queue a request; raises QueueFullError when --max-queue requests already wait."""
-        self.submit_group([request], [sink])
+        self.submit_groups([[request]], [[sink]])
 
-    def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> None:
-        """Queue a request's n choices together (the prompt is computed once: Engine.submit_group).
-        The prompt's length was checked at the edge (model.prompt_limits); the scheduler checks again."""
+    def submit_groups(self, groups: list[list[GenerationRequest]], sinks: list[list[EventSink]]) -> None:
+        """Queue groups (each one request, or one prompt's n choices, whose prompt is computed once:
+        Engine.submit_group), all or none. Each prompt's length was checked at the edge
+        (model.prompt_limits); the scheduler checks again."""
+        n_requests = sum(len(group) for group in groups)
         with self._wake:
             if self.crash is not None or self._stopping:
                 raise EngineStoppedError("the engine has stopped (see the server's log); restart the server")
-            if self._n_queued + self._n_arriving + len(requests) - 1 - self._n_free >= self.max_queue:
+            if self._n_queued + self._n_arriving + n_requests - 1 - self._n_free >= self.max_queue:
                 raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
-            self._n_arriving += len(requests)
-            self._inbox.append(_Submit(list(requests), list(sinks)))
+            self._n_arriving += n_requests
+            self._inbox.extend(_Submit(list(group), list(group_sinks)) for group, group_sinks in zip(groups, sinks,
+                                                                                                      strict=True))
             self._wake.notify()
 
     def cancel(self, request_id: str) -> None:

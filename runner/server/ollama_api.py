@@ -79,7 +79,7 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     if images.images and (body.get("raw") or body.get("template")):
         raise invalid("images go with a templated prompt here (leave out raw and template)", "images")
     if body.get("raw"):
-        return CompletionParams(common=common, prompt=prompt)
+        return CompletionParams(common=common, prompts=(prompt,))
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise invalid("system must be a string", "system")
@@ -87,7 +87,7 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     if template:
         if not isinstance(template, str):
             raise invalid("template must be a string", "template")
-        return CompletionParams(common=common, prompt=go_template(template, system or "", prompt))
+        return CompletionParams(common=common, prompts=(go_template(template, system or "", prompt),))
     prompt = prompt + marks
     turns = ([Message("system", system)] if system else []) + ([Message("user", prompt)] if prompt else [])
     show_thinking, budget = _think(body.get("think"))
@@ -145,7 +145,7 @@ def keep_alive(body: Any) -> float | None:
 
 def is_empty(params: ChatParams | CompletionParams) -> bool:
     """Nothing to generate: Ollama's way to load a model (or unload it, with keep_alive 0)."""
-    return not params.prompt if isinstance(params, CompletionParams) else not params.messages
+    return not params.prompts[0] if isinstance(params, CompletionParams) else not params.messages
 
 
 def _turn(index: int, message: Any, images: ImageParts) -> Message:

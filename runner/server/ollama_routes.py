@@ -65,12 +65,12 @@ async def _generate(state: ServerState, request: Request, params: Any, body: dic
         builder = ollama_api.OllamaBuilder(model, len(prepared.gen.prompt_ids), is_chat,
                                            reasoning_splitter(state, prepared.gen.prompt_ids), prepared.reading,
                                            params.show_thinking)
-        gens = prepared.gens
+        groups = [prepared.gens]
     else:
         completion = await completion_request(state, params)
-        gens = completion.gens
-        builder = ollama_api.OllamaBuilder(model, len(gens[0].prompt_ids), is_chat)
-    return await run(state, request, gens, builder, params.common.stream, media_type=ollama_api.NDJSON)
+        groups = completion.groups
+        builder = ollama_api.OllamaBuilder(model, len(groups[0][0].prompt_ids), is_chat)
+    return await run(state, request, groups, builder, params.common.stream, media_type=ollama_api.NDJSON)
 
 
 @ollama_errors

@@ -321,14 +321,18 @@ class CompletionReplyBuilder(OpenAIReplyBuilder):
 
 
 class ChoicesBuilder:
-    """A request's n choices (each its own reply builder, fed by its own engine request) as one
-    response: chunks keep their choice's index; usage counts the prompt once and every choice's
-    tokens. With best_of above n, the n with the highest mean token logprob are returned."""
+    """A request's choices (each its own reply builder, fed by its own engine request) as one
+    response: chunks keep their choice's index. The builders come in groups of group_size, one
+    group per prompt (a completion may send several): usage counts each prompt once and every
+    choice's tokens; with best_of above n, each group's n with the highest mean token logprob are
+    returned, numbered on across the groups."""
 
-    def __init__(self, builders: list[OpenAIReplyBuilder], request_ids: list[str], n_return: int) -> None:
+    def __init__(self, builders: list[OpenAIReplyBuilder], request_ids: list[str], n_return: int,
+                 group_size: int | None = None) -> None:
         self.builders = builders
         self.by_id = {rid: b for rid, b in zip(request_ids, builders, strict=True)}
         self.n_return = n_return
+        self.group_size = group_size or len(builders)
         self.sum_logprob = {id(b): 0.0 for b in builders}
         self.n_tokens = {id(b): 0 for b in builders}
 
@@ -339,10 +343,15 @@ class ChoicesBuilder:
             self.n_tokens[id(builder)] += 1
         builder.add(event)
 
+    def _groups(self) -> list[list[OpenAIReplyBuilder]]:
+        size = self.group_size
+        return [self.builders[i:i + size] for i in range(0, len(self.builders), size)]
+
     def _usage(self) -> Usage:
+        firsts = [group[0].usage for group in self._groups()]
         usages = [b.usage for b in self.builders if b.usage is not None]
-        first = usages[0]
-        return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages), first.cached_tokens,
+        return Usage(sum(u.prompt_tokens for u in firsts if u is not None), sum(u.completion_tokens for u in usages),
+                     sum(u.cached_tokens for u in firsts if u is not None),
                      sum(u.draft_proposed for u in usages), sum(u.draft_accepted for u in usages))
 
     def mean_logprob(self, builder: OpenAIReplyBuilder) -> float:
@@ -350,9 +359,11 @@ class ChoicesBuilder:
         return self.sum_logprob[id(builder)] / n if n else float("-inf")
 
     def whole(self) -> dict[str, Any]:
-        chosen = self.builders
-        if self.n_return < len(self.builders):  # best_of: the best n, best first
-            chosen = sorted(self.builders, key=self.mean_logprob, reverse=True)[: self.n_return]
+        chosen = []
+        for group in self._groups():
+            if self.n_return < len(group):  # best_of: the best n, best first
+                group = sorted(group, key=self.mean_logprob, reverse=True)[: self.n_return]
+            chosen.extend(group)
         choices = []
         for index, builder in enumerate(chosen):
             builder.index = index

@@ -297,16 +297,11 @@ def _message_tool_calls(value: Any, index: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (each still waits for a slot of its own)
+
+
 def parse_completion(body: dict[str, Any]) -> CompletionParams:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise invalid("'prompt' is required", "prompt", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        prompt = tuple(prompt)
-    elif not isinstance(prompt, str):
-        raise invalid("'prompt' must be a string, a list of one string, or a list of token ids", "prompt", "invalid_type")
+    prompts = _completion_prompts(body.get("prompt"))
     common = _common(body, logprobs_key_is_int=True)
     best_of = BEST_OF.read(body, common.n)
     if common.beam is not None and best_of != common.n:
@@ -320,7 +315,31 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
         raise invalid("'max_tokens' 0 generates nothing: it is for scoring a prompt, with 'echo': true", "max_tokens")
     if echo and common.stream and common.n_top_logprobs is not None:
         raise invalid("'echo' with 'logprobs' is not streamed; send stream: false", "echo")
-    return CompletionParams(common=common, prompt=prompt, best_of=best_of, echo=echo)
+    return CompletionParams(common=common, prompts=prompts, best_of=best_of, echo=echo)
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
+
+
+def _completion_prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
+    """The prompt as OpenAI takes it: a text, token ids, or a batch of either (a list of texts, or
+    of token id lists), each answered with its own choices."""
+    if prompt is None:
+        raise invalid("'prompt' is required", "prompt", "missing_required_parameter")
+    if isinstance(prompt, str):
+        return (prompt,)
+    if _is_token_ids(prompt):
+        return (tuple(prompt),)
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(_is_token_ids(p) for p in prompt)):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid(f"'prompt' holds {len(prompt)} prompts; send at most {MAX_PROMPTS} in one request",
+                          "prompt")
+        return tuple(p if isinstance(p, str) else tuple(p) for p in prompt)
+    raise invalid("'prompt' must be a string, a list of token ids, or a non-empty list of either (one per "
+                  "prompt)", "prompt", "invalid_type")
 
 
 MAX_EMBEDDING_INPUTS = 2048  # as OpenAI's API

@@ -29,8 +29,10 @@ MESSAGE = object_schema({
 STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                        "maxItems": openai_params.MAX_STOP_STRINGS}]}
 STREAM_OPTIONS = object_schema({"include_usage": openai_params.INCLUDE_USAGE.schema()}, [], extra=True)
-PROMPT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
-                    {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}]}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT = {"oneOf": [{"type": "string"}, TOKEN_IDS,
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": openai_params.MAX_PROMPTS},
+                    {"type": "array", "items": TOKEN_IDS, "minItems": 1, "maxItems": openai_params.MAX_PROMPTS}]}
 TOOLS = {"type": "array", "items": object_schema({
     "type": {"type": "string", "enum": ["function"]},
     "function": object_schema({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},

@@ -44,7 +44,7 @@ class ChatParams:
 @dataclass(frozen=True)
 class CompletionParams:
     common: CommonParams
-    prompt: str | tuple[int, ...]
+    prompts: tuple[str | tuple[int, ...], ...]  # each a text or token ids; several: a batch answered together
     best_of: int = 1  # generate this many choices, return the n with the highest mean token logprob
     echo: bool = False  # the prompt comes back before the completion (with logprobs: scored)
 

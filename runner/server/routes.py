@@ -58,7 +58,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     builder: ReplyBuilder = builders[0]
     if len(builders) > 1:
         builder = ChoicesBuilder(builders, [g.request_id for g in chat.gens], len(builders))
-    return await run(state, request, chat.gens, builder, chat.common.stream, chat.common.include_usage)
+    return await run(state, request, [chat.gens], builder, chat.common.stream, chat.common.include_usage)
 
 
 async def completions(state: ServerState, request: Request) -> Response:
@@ -66,13 +66,15 @@ async def completions(state: ServerState, request: Request) -> Response:
     check_model(params.common.model, state.model_ids)
     completion = await completion_request(state, params)
     common, gens = completion.common, completion.gens
-    builders = [CompletionReplyBuilder(gens[0].request_id, common.model or state.served_name, state.facts.token_bytes,
-                                       common.n_top_logprobs is not None, index=i, echo=completion.echo)
-                for i in range(len(gens))]
+    model = common.model or state.served_name
+    echoes = [echo for group, echo in zip(completion.groups, completion.echoes, strict=True) for _ in group]
+    builders = [CompletionReplyBuilder(gens[0].request_id, model, state.facts.token_bytes,
+                                       common.n_top_logprobs is not None, index=i, echo=echo)
+                for i, echo in enumerate(echoes)]
     builder: ReplyBuilder = builders[0]
     if len(builders) > 1:
-        builder = ChoicesBuilder(builders, [g.request_id for g in gens], common.n)
-    return await run(state, request, gens, builder, common.stream, common.include_usage)
+        builder = ChoicesBuilder(builders, [g.request_id for g in gens], common.n, group_size=params.best_of)
+    return await run(state, request, completion.groups, builder, common.stream, common.include_usage)
 
 
 async def responses(state: ServerState, request: Request) -> Response:
@@ -83,7 +85,7 @@ async def responses(state: ServerState, request: Request) -> Response:
     builder = openai_responses.ResponsesBuilder(
         chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids),
         openai_responses.echoed(body, params), reasoning_splitter(state, chat.gen.prompt_ids), chat.reading)
-    return await run(state, request, chat.gens, builder, chat.common.stream,
+    return await run(state, request, [chat.gens], builder, chat.common.stream,
                      headers=ignored_tools_header(params.ignored_tools))
 
 
@@ -95,7 +97,7 @@ async def messages(state: ServerState, request: Request) -> Response:
         builder = anthropic_messages.MessageBuilder(
             chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids), chat.common.stop,
             reasoning_splitter(state, chat.gen.prompt_ids), chat.reading, params.show_thinking)
-        return await run(state, request, chat.gens, builder, chat.common.stream,
+        return await run(state, request, [chat.gens], builder, chat.common.stream,
                          headers=ignored_tools_header(params.ignored_tools))
     except ApiError as exc:
         return anthropic_messages.error_response(exc)

@@ -31,21 +31,21 @@ class ReplyBuilder(Protocol):
     def stream_end(self, include_usage: bool) -> str: ...
 
 
-async def run(state: ServerState, request: Request, gens: list[GenerationRequest], builder: ReplyBuilder,
+async def run(state: ServerState, request: Request, groups: list[list[GenerationRequest]], builder: ReplyBuilder,
               stream: bool, include_usage: bool = False, headers: dict[str, str] | None = None,
               media_type: str = "text/event-stream") -> Response:
-    """Submit the request's generations (one per choice) and answer: a stream (server-sent events,
-    or the dialect's own media type), or the whole reply (with these headers either way)."""
+    """Submit the request's generations (per prompt, one per choice) and answer: a stream (server-sent
+    events, or the dialect's own media type), or the whole reply (with these headers either way)."""
     events: asyncio.Queue[StreamEvent] = asyncio.Queue()
     sink = state.event_pump().sink_for(events)
     try:
-        state.engine_thread.submit_group(gens, [sink] * len(gens))
+        state.engine_thread.submit_groups(groups, [[sink] * len(group) for group in groups])
     except QueueFullError as exc:
         raise ApiError(503, f"The server is busy: {exc}; retry shortly", "server_error", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineStoppedError as exc:
         raise ApiError(503, str(exc), "server_error", code="engine_stopped") from None
-    ids = [gen.request_id for gen in gens]
+    ids = [gen.request_id for group in groups for gen in group]
     if stream:
         return StreamingResponse(_stream(state, ids, events, builder, include_usage),
                                  media_type=media_type, headers={"Cache-Control": "no-cache", **(headers or {})})
@@ -107,8 +107,7 @@ async def _collect(state: ServerState, request: Request, request_ids: list[str],
                 next_event.cancel()
                 return Response(status_code=499)
             event = next_event.result()
-            if event.error is not None:
-                finished = True
+            if event.error is not None:  # (the finally below cancels the request's other choices)
                 if event.finish_reason is FinishReason.CANCELLED:  # (the server is shutting down)
                     raise ApiError(503, event.error, "server_error", code="shutting_down")
                 raise ApiError(500, event.error, "server_error", code="generation_failed")

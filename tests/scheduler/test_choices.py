@@ -3,6 +3,7 @@ forked from its KV; on the tiny model, then over HTTP on SmolLM2 with the openai
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -177,6 +178,50 @@ def test_best_of_returns_the_choices_with_the_highest_mean_logprob(client: opena
     assert [c.text for c in best.choices] == [text for _, text in means[:2]]
     assert [c.index for c in best.choices] == [0, 1] and best.choices[0].logprobs is None
     assert best.usage is not None and best.usage.completion_tokens == four.usage.completion_tokens
+
+
+BATCH = ["The capital of France is", "1, 2, 3, 4,", "My favourite animal is the", "Once upon a time",
+         "Water is made of", "The best way to learn is"]  # more prompts than the 4 slots: the rest wait
+
+
+@pytest.mark.model
+def test_a_batch_of_prompts_gets_each_prompts_own_choices_in_order(server: ServerProcess,
+                                                                  client: openai.OpenAI) -> None:
+    greedy = {"model": MODEL, "max_tokens": 6, "temperature": 0}
+    alone = [client.completions.create(prompt=p, **greedy) for p in BATCH]
+    batch = client.completions.create(prompt=BATCH, **greedy)
+    assert [(c.index, c.text) for c in batch.choices] == [(i, a.choices[0].text) for i, a in enumerate(alone)]
+    assert batch.usage is not None and batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    echoed = client.completions.create(prompt=BATCH[:2], n=2, echo=True, **greedy)
+    assert [c.text for c in echoed.choices] == [BATCH[i] + alone[i].choices[0].text for i in (0, 0, 1, 1)]
+    token_prompts = [[504, 3158, 314, 260], [28, 29, 30]]
+    by_ids = [client.completions.create(prompt=ids, **greedy).choices[0].text for ids in token_prompts]
+    assert [c.text for c in client.completions.create(prompt=token_prompts, **greedy).choices] == by_ids
+    # (streamed by hand: the SDK's strict check wants a finish_reason in every completion chunk, OpenAI's too)
+    r = server.post("/v1/completions", json={"prompt": BATCH[:3], "stream": True, **greedy})
+    streamed: dict[int, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert streamed == {i: alone[i].choices[0].text for i in range(3)}
+    sampled = {"model": MODEL, "max_tokens": 6, "temperature": 1.0, "seed": 11, "n": 1, "best_of": 2}
+    best = [client.completions.create(prompt=p, **sampled).choices[0].text for p in BATCH[2:4]]
+    assert [c.text for c in client.completions.create(prompt=BATCH[2:4], **sampled).choices] == best
+
+
+@pytest.mark.model
+def test_a_batch_names_the_prompt_it_cannot_take(server: ServerProcess) -> None:
+    r = server.post("/v1/completions", json={"model": MODEL, "prompt": ["fine", "word " * 1500], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith("prompt 1: ") and error["code"] == "context_length_exceeded"
+    r = server.post("/v1/completions", json={"model": MODEL, "prompt": [[1, 2], [3, 999999]], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt 1: "), r.text
+    r = server.post("/v1/completions", json={"model": MODEL, "prompt": ["x"] * 35, "best_of": 2, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "at most 68 requests at once" in r.json()["error"]["message"]  # 4 slots + 64 waiting
 
 
 @pytest.mark.model

@@ -55,7 +55,7 @@ def test_generate_is_a_user_turn_with_its_system_or_the_raw_prompt() -> None:
     assert isinstance(turned, ChatParams)
     assert [(m.role, m.content) for m in turned.messages] == [("system", "be brief"), ("user", "hi")]
     raw = parse_generate({"model": "m", "prompt": "<s>hi", "raw": True}, CTX)
-    assert isinstance(raw, CompletionParams) and raw.prompt == "<s>hi"
+    assert isinstance(raw, CompletionParams) and raw.prompts == ("<s>hi",)
 
 
 def events(*texts: str) -> list[StreamEvent]:
@@ -98,7 +98,7 @@ def test_a_reply_cut_by_its_length_says_so() -> None:
 ])
 def test_generate_takes_a_template_in_the_forms_apps_send(template: str, system: str, expected: str) -> None:
     params = parse_generate({"model": "m", "prompt": "hi", "system": system, "template": template}, CTX)
-    assert isinstance(params, CompletionParams) and params.prompt == expected
+    assert isinstance(params, CompletionParams) and params.prompts == (expected,)
 
 
 @pytest.mark.parametrize(("template", "message"), [

@@ -72,9 +72,19 @@ def test_a_good_chat_body_becomes_plain_params() -> None:
     assert c.sampling.temperature == 0.0 and c.sampling.seed == 2**64 - 1
 
 
-def test_a_completion_prompt_may_be_token_ids_or_one_string() -> None:
-    assert parse_completion({"prompt": [1, 2, 3]}).prompt == (1, 2, 3)
-    assert parse_completion({"prompt": ["once"]}).prompt == "once"
+def test_a_completion_prompt_may_be_a_text_token_ids_or_a_batch_of_either() -> None:
+    assert parse_completion({"prompt": "once"}).prompts == ("once",)
+    assert parse_completion({"prompt": [1, 2, 3]}).prompts == ((1, 2, 3),)
+    assert parse_completion({"prompt": ["once"]}).prompts == ("once",)
+    assert parse_completion({"prompt": ["a", "b", ""]}).prompts == ("a", "b", "")
+    assert parse_completion({"prompt": [[1, 2], [3]]}).prompts == ((1, 2), (3,))
+
+
+@pytest.mark.parametrize("prompt", [["a", [1]], [[1], []], [[1], "a"], [True], [[1, True]], ["a"] * 257, [None]])
+def test_a_prompt_batch_of_mixed_kinds_empty_ids_or_too_many_is_refused(prompt: list) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_completion({"prompt": prompt})
+    assert (caught.value.status, caught.value.param) == (400, "prompt")
 
 
 @pytest.mark.parametrize(("field", "value"), [
