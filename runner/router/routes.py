@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from runner.router.proxy import forward
 from runner.router.servable import ServableModel
 from runner.router.state import RouterState
 from runner.router.upstream import Upstream, UpstreamError
-from runner.server import anthropic_messages, ollama_api
+from runner.server import anthropic_messages, ollama_api, openai_params, openai_responses
 from runner.server.edge import check_key
 from runner.server.errors import ApiError, invalid
 from runner.server.guards import check_json_content_type, read_body
@@ -51,12 +52,35 @@ async def model_request(state: RouterState, request: Request) -> Response:
         keep_alive = ollama_api.keep_alive(parsed)
         if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed) and not state.pool.is_loaded(name):
             return JSONResponse(ollama_api.loaded_reply(name, True, path == "/api/chat"))  # nothing to unload
+        check_params(path, parsed)
         process = await _acquire(state, name, keep_alive)
         return await forward(process.upstream, request, body, name, lambda: state.pool.release(name))
     except ApiError as exc:
         if ollama:
             return ollama_api.error_response(exc)
         return anthropic_messages.error_response(exc) if anthropic else exc.response()
+
+
+# what the model's process would parse, parsed here first: a request it would refuse loads nothing
+# (and unloads nothing to make room). Checks that need the model (its context, slots, vocabulary)
+# are left to the process: Ollama's num_ctx is read here against no bound.
+BODY_PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "/v1/chat/completions": openai_params.parse_chat,
+    "/v1/completions": openai_params.parse_completion,
+    "/v1/embeddings": openai_params.parse_embeddings,
+    "/v1/responses": openai_responses.parse_request,
+    "/v1/messages": anthropic_messages.parse_messages,
+    "/v1/messages/count_tokens": lambda body: anthropic_messages.parse_messages(body, counting=True),
+    "/api/chat": lambda body: ollama_api.parse_chat(body, sys.maxsize),
+    "/api/generate": lambda body: ollama_api.parse_generate(body, sys.maxsize),
+}
+
+
+def check_params(path: str, body: dict[str, Any]) -> None:
+    """Raises the ApiError the model's process would answer this body with, where it needs no model."""
+    parser = BODY_PARSERS.get(path)
+    if parser is not None:
+        parser(body)
 
 
 def _is_empty_ollama_request(body: dict) -> bool:

@@ -132,6 +132,22 @@ def test_an_unknown_model_is_a_404_naming_the_servable_ones_in_each_dialect(rout
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "missing_required_parameter"
 
 
+def test_a_request_its_model_would_refuse_loads_nothing_and_gets_the_dialects_error(router: ServerProcess) -> None:
+    unload(router, GEMMA)
+    loads = listed(router)[GEMMA]["loads"]
+    bad_temperature = chat(router, GEMMA, "Hi", temperature="hot")
+    assert bad_temperature.status_code == 400
+    assert bad_temperature.json()["error"] == {"message": "'temperature' must be a number, got \"hot\"",
+                                               "type": "invalid_request_error", "param": "temperature",
+                                               "code": "invalid_type"}
+    anthropic = router.post("/v1/messages", json={"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}]})
+    assert anthropic.status_code == 400 and anthropic.json()["error"]["type"] == "invalid_request_error"  # max_tokens?
+    ollama = router.post("/api/generate", json={"model": GEMMA, "prompt": "Hi", "suffix": "end"})
+    assert ollama.status_code == 400 and "suffix" in ollama.json()["error"]
+    assert router.post("/v1/completions", json={"model": GEMMA, "prompt": []}).status_code == 400
+    assert listed(router)[GEMMA]["status"] == {"value": "unloaded"} and listed(router)[GEMMA]["loads"] == loads
+
+
 def test_v1_models_lists_every_servable_model_with_its_state(router: ServerProcess) -> None:
     chat(router, SMOL, "Hi", max_tokens=1)
     data = router.get("/v1/models").json()["data"]
