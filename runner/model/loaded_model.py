@@ -23,6 +23,7 @@ from runner.prompt.chat_template import (
     TemplateError,
     TemplateLimitError,
 )
+from runner.prompt.infill import FimTokens, fill_in_the_middle
 from runner.prompt.tools import Tool
 from runner.runtime.calibration import measure
 from runner.runtime.calibration_cache import agreement_key, cached_json, calibration_key, vocabulary_key
@@ -412,6 +413,16 @@ class LoadedModel:
 
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
         return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
+
+    def infill_prompt_ids(self, prefix: str | tuple[int, ...], suffix: str) -> tuple[int, ...]:
+        """The fill-in-the-middle prompt for the text between prefix (text, or token ids) and suffix
+        (the model has the tags: ModelFacts.fills_in_the_middle)."""
+        assert self.model.fim_ids is not None
+        prefix_ids = prefix if isinstance(prefix, tuple) else self.model.tokenize(prefix, add_special=False,
+                                                                                            parse_special=False)
+        return fill_in_the_middle(FimTokens(*self.model.fim_ids), prefix_ids,
+                                  self.model.tokenize(suffix, add_special=False, parse_special=False),
+                                  self.model.bos_id if self.model.add_bos else None)
 
     def embedder(self) -> Embedder:
         """The embedding context, made on first use (its KV costs as much as a slot's): its own

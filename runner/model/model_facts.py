@@ -35,6 +35,7 @@ class ModelFacts:
         self.default_max_tokens = default_max_tokens
         self.stop = template.stop  # the template's own stop strings (chat replies)
         self.tool_syntax = syntax_of(template.source) if template.knows_tools else HERMES
+        self.fills_in_the_middle = model.fim_ids is not None  # a code model with the tags (prompt/infill.py)
 
     @property
     def takes_images(self) -> bool:

@@ -84,7 +84,7 @@ def check_params(path: str, body: dict[str, Any]) -> None:
 
 
 def _is_empty_ollama_request(body: dict) -> bool:
-    return not body.get("messages") and not body.get("prompt")
+    return not body.get("messages") and not body.get("prompt") and not body.get("suffix")
 
 
 def _served_name(state: RouterState, requested: object) -> str:

@@ -233,6 +233,10 @@ class Model:
         self.bos_id: int = _lc.llama_vocab_bos(self._vocab)
         self.eos_id: int = _lc.llama_vocab_eos(self._vocab)
         self.add_bos: bool = bool(_lc.llama_vocab_get_add_bos(self._vocab))
+        fim = (_lc.llama_vocab_fim_pre(self._vocab), _lc.llama_vocab_fim_suf(self._vocab),
+               _lc.llama_vocab_fim_mid(self._vocab))
+        # a code model's fill-in-the-middle tags (prefix, suffix, middle); None where it has not all three
+        self.fim_ids: tuple[int, int, int] | None = fim if all(t >= 0 for t in fim) else None
         self._eog_ids = frozenset(t for t in range(self.n_vocab) if _lc.llama_vocab_is_eog(self._vocab, t))
         self._piece_cache: dict[int, bytes] = {}
 

@@ -191,7 +191,9 @@ async def _completion_group(state: ServerState, params: CompletionParams, prompt
                             ) -> tuple[list[GenerationRequest], tuple[str, tuple[int, ...]] | None]:
     """Tokenize one prompt (or take its ids), compile best_of grammar states, ask for the logprobs
     best_of ranks by, and score the prompt when it is echoed with logprobs."""
-    if isinstance(prompt, tuple):
+    if params.suffix is not None:
+        prompt_ids = await _infill_ids(state, prompt, params.suffix)
+    elif isinstance(prompt, tuple):
         prompt_ids = prompt
     else:
         check_fits(state, len(prompt), "prompt")
@@ -208,6 +210,15 @@ async def _completion_group(state: ServerState, params: CompletionParams, prompt
         text = prompt if isinstance(prompt, str) else state.facts.detokenize(list(prompt_ids))
         echo = (text, prompt_ids)
     return choice_requests(first, constraints), echo
+
+
+async def _infill_ids(state: ServerState, prefix: str | tuple[int, ...], suffix: str) -> tuple[int, ...]:
+    """A fill-in-the-middle prompt (400 naming 'suffix' for a model without the tags)."""
+    if not state.facts.fills_in_the_middle:
+        raise invalid("'suffix' asks to fill in the middle, and this model has no fill-in-the-middle tokens (a code "
+                      "model has them, e.g. Qwen2.5-Coder)", "suffix", "unsupported_parameter")
+    check_fits(state, len(suffix) + (len(prefix) if isinstance(prefix, str) else 0), "prompt")
+    return await run_in_threadpool(state.loaded.infill_prompt_ids, prefix, suffix)
 
 
 def check_n(state: ServerState, n: int, param: str = "n") -> None:

@@ -70,14 +70,20 @@ def parse_generate(body: dict[str, Any], ctx_size: int) -> ChatParams | Completi
     prompt = body.get("prompt") or ""
     if not isinstance(prompt, str):
         raise invalid("prompt must be a string", "prompt")
-    for unsupported in ("suffix", "context"):
-        if body.get(unsupported):
-            raise invalid(f"'{unsupported}' is not supported here (send the conversation with /api/chat)", unsupported)
+    if body.get("context"):
+        raise invalid("'context' is not supported here (send the conversation with /api/chat)", "context")
     images = ImageParts()
     marks = _image_marks(body.get("images"), "images", images)
     common = _common(body, ctx_size)
     if images.images and (body.get("raw") or body.get("template")):
         raise invalid("images go with a templated prompt here (leave out raw and template)", "images")
+    suffix = body.get("suffix")
+    if suffix:  # fill in the middle: the prompt is the text before the reply, the suffix the text after
+        if not isinstance(suffix, str):
+            raise invalid("suffix must be a string", "suffix")
+        if images.images or body.get("template"):
+            raise invalid("suffix fills in the middle of plain text: leave out images and template", "suffix")
+        return CompletionParams(common=common, prompts=(prompt,), suffix=suffix)
     if body.get("raw"):
         return CompletionParams(common=common, prompts=(prompt,))
     system = body.get("system")
@@ -145,7 +151,9 @@ def keep_alive(body: Any) -> float | None:
 
 def is_empty(params: ChatParams | CompletionParams) -> bool:
     """Nothing to generate: Ollama's way to load a model (or unload it, with keep_alive 0)."""
-    return not params.prompts[0] if isinstance(params, CompletionParams) else not params.messages
+    if isinstance(params, CompletionParams):
+        return not params.prompts[0] and not params.suffix
+    return not params.messages
 
 
 def _turn(index: int, message: Any, images: ImageParts) -> Message:

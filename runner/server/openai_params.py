@@ -44,6 +44,7 @@ INCLUDE_USAGE = Field("include_usage", "boolean", "a last chunk with the usage")
 MAX_COMPLETION_TOKENS = Field("max_completion_tokens", "integer", "most tokens in the reply", 1)
 COMPLETION_MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (0, with echo: score the prompt only)", 0)
 ECHO = Field("echo", "boolean", "return the prompt before the completion (with logprobs, the prompt's too)")
+SUFFIX = Field("suffix", "string", "the text after the completion: fill in the middle (a code model with the tags)")
 SEED = Field("seed", "integer", "random seed: same seed, same output", -(2**63), 2**64 - 1)
 IGNORE_EOS = Field("ignore_eos", "boolean", "extension: generate max_tokens even past end-of-text")
 USE_BEAM_SEARCH = Field("use_beam_search", "boolean", "extension (vLLM's): beam search with n beams, the n best returned")
@@ -56,12 +57,11 @@ COMMON_FIELDS = (MODEL, N, STREAM, MAX_COMPLETION_TOKENS, MAX_TOKENS, SEED, IGNO
                  USE_BEAM_SEARCH, LENGTH_PENALTY, EARLY_STOPPING)
 CHAT_FIELDS = (*COMMON_FIELDS, CHAT_LOGPROBS, TOP_LOGPROBS)
 COMPLETION_FIELDS = (*(f for f in COMMON_FIELDS if f is not MAX_TOKENS), COMPLETION_MAX_TOKENS, COMPLETION_LOGPROBS,
-                     BEST_OF, ECHO)
+                     BEST_OF, ECHO, SUFFIX)
 # OpenAI parameters not done here (yet): refused by name instead of silently ignored, unless the
 # value asks for nothing (tool_choice "none", an empty logit_bias, response_format text, ...)
 NOT_SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [], "function_call": lambda v: v == "none",
-    "suffix": lambda v: v == "",
 }
 
 
@@ -218,8 +218,9 @@ def _content(value: Any, index: int, role: str, images: ImageParts) -> str:
 def parse_chat(body: dict[str, Any]) -> ChatParams:
     if body.get("best_of") not in (None, 1):
         raise invalid("'best_of' is a /v1/completions parameter; chat takes 'n'", "best_of", "unsupported_parameter")
-    if body.get("echo") not in (None, False):
-        raise invalid("'echo' is a /v1/completions parameter", "echo", "unsupported_parameter")
+    for name in ("echo", "suffix"):
+        if body.get(name) not in (None, False, ""):
+            raise invalid(f"'{name}' is a /v1/completions parameter", name, "unsupported_parameter")
     messages = body.get("messages")
     if messages is None:
         raise invalid("'messages' is required", "messages", "missing_required_parameter")
@@ -315,7 +316,10 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
         raise invalid("'max_tokens' 0 generates nothing: it is for scoring a prompt, with 'echo': true", "max_tokens")
     if echo and common.stream and common.n_top_logprobs is not None:
         raise invalid("'echo' with 'logprobs' is not streamed; send stream: false", "echo")
-    return CompletionParams(common=common, prompts=prompts, best_of=best_of, echo=echo)
+    suffix = SUFFIX.read(body) or None
+    if suffix is not None and echo:
+        raise invalid("'echo' does not combine with 'suffix'", "echo")
+    return CompletionParams(common=common, prompts=prompts, best_of=best_of, echo=echo, suffix=suffix)
 
 
 def _is_token_ids(value: Any) -> bool:

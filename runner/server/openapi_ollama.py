@@ -34,7 +34,8 @@ CHAT_BODY = _open({**COMMON, "messages": {"type": "array", "items": MESSAGE},
                    "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
                                              {"type": "object"}],
                                    "description": "an extension: Ollama lets the model decide"}}, ["model"])
-GENERATE_BODY = _open({**COMMON, "prompt": STRING, "system": STRING, "raw": BOOLEAN, "template": STRING}, ["model"])
+GENERATE_BODY = _open({**COMMON, "prompt": STRING, "suffix": STRING, "system": STRING, "raw": BOOLEAN,
+                       "template": STRING}, ["model"])
 EMBED_BODY = _open({"model": request_fields.MODEL.schema(),
                     "input": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}]},
                     "keep_alive": KEEP_ALIVE}, ["model", "input"])

@@ -47,6 +47,7 @@ class CompletionParams:
     prompts: tuple[str | tuple[int, ...], ...]  # each a text or token ids; several: a batch answered together
     best_of: int = 1  # generate this many choices, return the n with the highest mean token logprob
     echo: bool = False  # the prompt comes back before the completion (with logprobs: scored)
+    suffix: str | None = None  # the text after the completion: each prompt is the text before it (prompt/infill.py)
 
 
 @dataclass(frozen=True)
