@@ -10,7 +10,7 @@ import hashlib
 import mmap
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,12 @@ class GgufInfo:
         """Bytes of the whole model: this file, plus the other parts of a split found beside it."""
         if self.n_splits == 1:
             return self.file_size
-        stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", self.path.name)
-        parts = [self.path.with_name(f"{stem}-{i:05d}-of-{self.n_splits:05d}.gguf") for i in range(1, self.n_splits + 1)]
-        return sum(p.stat().st_size for p in parts if p.exists())
+        return sum(p.stat().st_size for p in self.part_paths if p.exists())
+
+    @property
+    def part_paths(self) -> list[Path]:
+        """Its files: this one, or a split's parts in order (those of them present or not)."""
+        return split_part_paths(self.path, self.n_splits)
 
     @property
     def n_ctx_train(self) -> int:
@@ -168,8 +171,67 @@ def _type_sizes(ggml_type: int, path: Path) -> tuple[int, int]:
 
 
 def read_gguf(path: Path) -> GgufInfo:
-    """Parse and validate a GGUF header; raise ModelFileError with one readable line."""
+    """Parse and validate a GGUF header; raise ModelFileError with one readable line. A split
+    model's first part counts the tensors of every part found beside it (parameters, per-layer
+    and head bytes: what `runner info`, Ollama's API and the memory plan read)."""
     path = Path(path)
+    head = _read_header(path)
+    tensors = _Tensors()
+    tensors.add(head)
+    n_splits = max(1, _count(head.metadata.get("split.count")))
+    if n_splits > 1 and _count(head.metadata.get("split.no")) == 0:
+        for part in split_part_paths(path, n_splits)[1:]:
+            if part.exists():
+                tensors.add(_read_header(part))
+    return tensors.info(path, head)
+
+
+def split_part_paths(path: Path, n_splits: int) -> list[Path]:
+    """The files of a split model, in order, named as llama.cpp's gguf-split names them."""
+    if n_splits <= 1:
+        return [path]
+    stem = re.sub(r"-\d{5}-of-\d{5}\.gguf$", "", path.name)
+    return [path.with_name(f"{stem}-{i:05d}-of-{n_splits:05d}.gguf") for i in range(1, n_splits + 1)]
+
+
+@dataclass
+class _Header:
+    """One file's header: its metadata and what its tensors weigh."""
+
+    path: Path
+    file_size: int
+    metadata: dict[str, Any]
+    n_tensors: int
+    n_params: int
+    data_end: int
+    layers: dict[int, int]  # bytes per repeating layer (blk.N.*)
+    named: dict[str, int]  # bytes of every other tensor, by name
+
+
+@dataclass
+class _Tensors:
+    """The tensors of a model's files, added up."""
+
+    n_params: int = 0
+    layers: dict[int, int] = field(default_factory=dict)
+    named: dict[str, int] = field(default_factory=dict)
+
+    def add(self, header: _Header) -> None:
+        self.n_params += header.n_params
+        for layer, n_bytes in header.layers.items():
+            self.layers[layer] = self.layers.get(layer, 0) + n_bytes
+        self.named.update(header.named)
+
+    def info(self, path: Path, first: _Header) -> GgufInfo:
+        named = self.named
+        head = named.get("output.weight", named.get("token_embd.weight", 0))  # tied: the embeddings, duplicated
+        head += sum(n for name, n in named.items() if name.startswith("output_norm."))
+        per_layer = tuple(self.layers.get(i, 0) for i in range(max(self.layers) + 1)) if self.layers else ()
+        return GgufInfo(path, first.file_size, first.metadata, first.n_tensors, self.n_params, first.data_end,
+                        per_layer, head, named.get("token_embd.weight", 0))
+
+
+def _read_header(path: Path) -> _Header:
     if not path.exists():
         raise ModelFileError(f"model file not found: {path}")
     if path.is_dir():
@@ -185,7 +247,7 @@ def read_gguf(path: Path) -> GgufInfo:
                 raise ModelFileError(f"{path}: corrupt GGUF metadata ({exc})") from None
 
 
-def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
+def _parse(cur: _Cursor, path: Path, file_size: int) -> _Header:
     cur.pos = 4
     version = cur.take("I")
     if version not in (2, 3):
@@ -229,8 +291,4 @@ def _parse(cur: _Cursor, path: Path, file_size: int) -> GgufInfo:
         raise ModelFileError(
             f"{path} is truncated or corrupt: its tensors need {total:,} bytes but the file has {file_size:,}"
         )
-    head = named.get("output.weight", named.get("token_embd.weight", 0))  # tied: the embeddings, duplicated
-    head += sum(n for name, n in named.items() if name.startswith("output_norm."))
-    per_layer = tuple(layers.get(i, 0) for i in range(max(layers) + 1)) if layers else ()
-    return GgufInfo(path, file_size, metadata, n_tensors, n_params, total, per_layer, head,
-                    named.get("token_embd.weight", 0))
+    return _Header(path, file_size, metadata, n_tensors, n_params, total, layers, named)

@@ -101,3 +101,17 @@ def test_a_window_pattern_array_running_past_the_end_is_a_truncated_header(tmp_p
     (tmp_path / "cut.gguf").write_bytes(whole[:-6])  # (the array's last 6 flags are missing)
     with pytest.raises(ModelFileError, match="truncated GGUF header"):
         read_gguf(tmp_path / "cut.gguf")
+
+
+def test_a_split_models_first_part_counts_every_parts_tensors(tmp_path: Path) -> None:
+    from tiny_gguf import write_tiny_gguf
+
+    whole = read_gguf(write_tiny_gguf(tmp_path / "whole" / "tiny.gguf", seed=3))
+    first = write_tiny_gguf(tmp_path / "split" / "tiny.gguf", seed=3, split_max_tensors=8)
+    parts = sorted(first.parent.glob("*.gguf"))
+    split = read_gguf(parts[0])
+    assert split.n_splits == len(parts) == 3 and split.part_paths == parts
+    assert split.n_params == whole.n_params  # (it was the first part's alone)
+    assert split.layer_weight_bytes == whole.layer_weight_bytes
+    assert (split.output_weight_bytes, split.embedding_bytes) == (whole.output_weight_bytes, whole.embedding_bytes)
+    assert read_gguf(parts[1]).n_params < whole.n_params  # a later part alone is read as itself
