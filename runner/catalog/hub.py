@@ -259,9 +259,16 @@ class HubCache:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """path holds text (written whole or not at all; left as it is when it already does)."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def is_offline() -> bool:
@@ -294,11 +301,15 @@ def resolve(ref: HubRef, root: Path, refresh: bool = False, quiet: bool = False)
             return cached
         raise
     parts = choose(ref, listing)
-    cache.remember(ref, commit, listing)
-    paths = [_download(ref, commit, part, cache, quiet) for part in parts]
-    for companion in (choose_projector(parts, listing), choose_eagle3_head(parts, listing)):
-        if companion is not None:  # a vision model's projector, a published EAGLE3 head: they come with it
-            _download(ref, commit, companion, cache, quiet)
+    try:
+        cache.remember(ref, commit, listing)
+        paths = [_download(ref, commit, part, cache, quiet) for part in parts]
+        for companion in (choose_projector(parts, listing), choose_eagle3_head(parts, listing)):
+            if companion is not None:  # a vision model's projector, a published EAGLE3 head: they come with it
+                _download(ref, commit, companion, cache, quiet)
+    except OSError as exc:  # the cache cannot be written (read-only, full) outside a download's own errors
+        raise PullError(f"cannot write to the model cache ({root}): {exc.strerror or exc}; free space, or set "
+                        "RUNNER_CACHE_DIR to a writable folder") from None
     return paths[0]
 
 
@@ -409,62 +420,85 @@ def _download(ref: HubRef, commit: str, part: HubFile, cache: HubCache, quiet: b
     """One file into the cache, visible only once its sha256 matched. The bytes go to a partial file
     of runner's own in .download/COMMIT/ (huggingface_hub's own download deletes its partial file
     when interrupted): a killed pull leaves it, and the next one asks only for the rest (HTTP Range)."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers, disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     target = cache.path(ref.repo, commit, part.name)
     if target.exists():
         return target
     staging = cache.repo_dir(ref.repo) / ".download" / commit
     partial = staging / (part.name + ".partial")
-    partial.parent.mkdir(parents=True, exist_ok=True)
     if quiet or not sys.stderr.isatty():
         disable_progress_bars()
     else:
         enable_progress_bars()
-    with _only_download_of(partial):
-        if target.exists():  # another pull finished it while this one waited
-            return target
-        try:
-            url = hf_hub_url(ref.repo, part.name, revision=commit, endpoint=endpoint())
-            meta = get_hf_file_metadata(url, token=_token(), endpoint=endpoint())  # follows the Hub's redirects
-            with partial.open("ab") as fh:
-                http_get(meta.location, fh, resume_size=fh.tell(), headers=build_hf_headers(token=_token()),
-                         expected_size=meta.size or part.size or None, displayed_filename=Path(part.name).name)
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it",
-                  file=sys.stderr)
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
-            raise _readable_hub_error(exc, ref) from None
-        digest = _sha256(partial)
-        if part.sha256 and digest != part.sha256.lower():
-            partial.unlink()
-            _remove_empty(staging)
-            raise PullError(f"sha256 mismatch for {part.name}: the Hub says {part.sha256}, the download has "
-                            f"{digest}; file discarded")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(partial, target)
-    _remove_empty(staging)
+    try:
+        with _only_download_of(partial):
+            if target.exists():  # another pull finished it while this one waited
+                return target
+            _fetch_into(partial, ref, commit, part)
+            digest = _sha256(partial)
+            if part.sha256 and digest != part.sha256.lower():
+                partial.unlink()
+                raise PullError(f"sha256 mismatch for {part.name}: the Hub says {part.sha256}, the download has "
+                                f"{digest}; file discarded")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial, target)
+    finally:
+        _remove_empty(staging)
     return target
+
+
+def _fetch_into(partial: Path, ref: HubRef, commit: str, part: HubFile) -> None:
+    """Append the rest of `part` to the partial file (HTTP Range from its size)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    try:
+        url = hf_hub_url(ref.repo, part.name, revision=commit, endpoint=endpoint())
+        meta = get_hf_file_metadata(url, token=_token(), endpoint=endpoint())  # follows the Hub's redirects
+        with partial.open("ab") as fh:
+            http_get(meta.location, fh, resume_size=fh.tell(), headers=build_hf_headers(token=_token()),
+                     expected_size=meta.size or part.size or None, displayed_filename=Path(part.name).name)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it", file=sys.stderr)
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
+        raise _readable_hub_error(exc, ref) from None
 
 
 @contextlib.contextmanager
 def _only_download_of(partial: Path) -> Iterator[None]:
-    """One process appends to a partial file at a time (a second pull waits, then finds the file)."""
+    """One process appends to a partial file at a time (a second pull waits, then finds the file).
+    The holder removes the lock file when nothing is left to resume; a waiter that then holds the
+    lock of a removed file takes the new one instead."""
     import fcntl  # NOTE: POSIX only, as the PyPI pull's lock
 
-    with partial.with_name(partial.name + ".lock").open("w") as lock:
+    lock_path = partial.with_name(partial.name + ".lock")
+    while True:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = lock_path.open("w")
+        except FileNotFoundError:  # its folder went (a finished pull tidied it) between the two calls
+            continue
         fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.fstat(lock.fileno()).st_ino == lock_path.stat().st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        lock.close()
+    try:
         yield
+    finally:
+        if not partial.exists():  # done or discarded: nothing for a later pull to resume
+            lock_path.unlink(missing_ok=True)
+        lock.close()
 
 
 def _remove_empty(staging: Path) -> None:
-    """Drop the .download folders a finished pull leaves empty (lock files aside)."""
-    for lock in staging.rglob("*.lock"):
-        if not lock.with_name(lock.name.removesuffix(".lock")).exists():
-            lock.unlink(missing_ok=True)
+    """Drop the .download folders a finished pull leaves empty (one that holds another pull's lock
+    or partial file stays)."""
     for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True) + [staging, staging.parent]:
         try:
             folder.rmdir()

@@ -42,19 +42,28 @@ def pull(ref: ModelRef, store: CachePaths, quiet: bool = False, verbose: bool = 
     """Make sure `ref` is in the cache; return its path. One progress bar per file (none when
     quiet); pip's own output only when verbose. Errors are PullError with one readable line."""
     target = store.path_of(ref)
-    if target.exists():
+    if is_whole(ref, target):
         return target
     if ref.variant:
         base = pull(ModelRef(ref.entry), store, quiet, verbose)
     try:
         with _only_pull_of(target):
-            if target.exists():  # another process pulled it while this one waited
+            if is_whole(ref, target):  # another process pulled it while this one waited
                 return target
             if ref.variant:
                 return _derive(base, target, ref.variant, quiet)
             return _fetch(ref, target, quiet, verbose)
     except OSError as exc:
         raise _readable(exc, target, ref.entry.size) from None
+
+
+def is_whole(ref: ModelRef, target: Path) -> bool:
+    """The file is there, as long as the catalog says (one cut short is pulled again over it)."""
+    try:
+        size = target.stat().st_size
+    except OSError:
+        return False
+    return bool(ref.variant) or not ref.entry.size or size == ref.entry.size
 
 
 @contextlib.contextmanager

@@ -84,6 +84,17 @@ class ModelStore:
         return hub.HubCache(self.root).eagle3_head(hub_ref) if hub_ref is not None else None
 
     def remove(self, name: str) -> list[Path]:
+        paths = self.files_of(name)
+        for path in paths:
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise CatalogError(f"cannot remove {path}: {exc.strerror or exc}") from None
+        return paths
+
+    def files_of(self, name: str) -> list[Path]:
+        """The cached files `remove(name)` deletes: the model's (every part of a split) and, with a
+        Hub repo's last model, its projector and EAGLE3 head (CatalogError: not cached)."""
         hub_ref = self.hub_ref(name)
         if hub_ref is not None:
             paths = hub.HubCache(self.root).cached_parts(hub_ref)
@@ -98,8 +109,6 @@ class ModelStore:
             companions = [p for p in (self.projector_of(name), self.eagle3_head_of(name)) if p is not None]
             others = [f for f in paths[0].parent.glob("*.gguf") if f not in paths and not hub.is_companion(f.name)]
             paths += companions if not others else []
-        for path in paths:
-            path.unlink()
         return paths
 
     def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
@@ -132,3 +141,9 @@ class ModelStore:
 
             pull(ref, self)
         return path, ref
+
+
+def shares_a_file(paths: list[Path], others: list[Path]) -> bool:
+    """Whether any of `paths` is one of `others`, however each is spelled (relative, through a
+    symbolic link). A hard link is a file of its own: removing it leaves the other."""
+    return bool({p.resolve() for p in paths} & {p.resolve() for p in others})

@@ -152,7 +152,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from runner.catalog import hub
-    from runner.catalog.pull import pull
+    from runner.catalog.pull import is_whole, pull
     from runner.catalog.store import ModelStore
 
     store = ModelStore()
@@ -166,7 +166,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"{verb} {args.name} ({size / 1e6:.1f} MB{f', {len(parts)} parts' if len(parts) > 1 else ''}) → {path}")
         return 0
     ref = store.catalog.resolve(args.name)
-    was_cached = store.path_of(ref).exists()
+    was_cached = is_whole(ref, store.path_of(ref))
     path = pull(ref, store, verbose=args.verbose)
     verb = "already cached:" if was_cached else "pulled"
     print(f"{verb} {ref.name} ({path.stat().st_size / 1e6:.0f} MB) → {path}")

@@ -95,6 +95,8 @@ class LoadedModel:
         self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else store.projector_of(str(model))
         if self.mmproj_path is not None and not self.options.mmproj:
             log(f"vision projector: {self.mmproj_path.name} (from the model's Hub repository)")
+        # the files it runs on (a split's parts, its projector, its draft's): not to be deleted under it
+        self.files: list[Path] = [*self.info.part_paths, *([self.mmproj_path] if self.mmproj_path else [])]
         self.memory_plan = MemoryPlan.for_model(self.info, self.options, offload=self.offload)
         if self.mmproj_path is not None:  # the projector's weights and the encoded images it keeps
             self.memory_plan = dataclasses.replace(
@@ -242,6 +244,7 @@ class LoadedModel:
         target_costs = self._costs(store, self.path, self.runner.context, log) if mode is SpecMode.AUTO else None
         try:
             drafter, draft_path = self._drafter(store, draft, shape, log)
+            self.files += [draft_path] if draft_path is not None else []
         except (ModelLoadError, RuntimeError) as exc:
             if forced or draft == "ngram":
                 raise

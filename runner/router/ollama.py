@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from runner.catalog.store import ModelStore, shares_a_file
+from runner.core.errors import RunnerError
 from runner.router.model_pool import ModelState, PoolError
 from runner.router.servable import ServableModel, name_of
 from runner.router.state import RouterState
@@ -88,15 +91,29 @@ async def delete(state: RouterState, request: Request) -> Response:
     """/api/delete: unloaded first (409 while it answers requests), then its files removed."""
     check_key(state.api_key, request)
     name = ollama_pulls.model_named(_body(await read_body(request, state.max_body_bytes)))
-    served = state.pool.name_of(name)
-    if served is not None:
+    store = state.store
+    assert store is not None
+    files = await asyncio.to_thread(ollama_pulls.files_to_delete, store, name)
+    models = [status.model for status in state.pool.statuses()]
+    users = await asyncio.to_thread(lambda: {m.name for m in models if shares_a_file(files, _files_of(store, m))})
+    for served in sorted(users | {n for n in [state.pool.name_of(name)] if n is not None}):
         try:
             await state.pool.unload(served)
         except PoolError as exc:
             raise ApiError(exc.status, exc.message, code=exc.code) from None
-    assert state.store is not None
-    await asyncio.to_thread(ollama_pulls.delete, state.store, name)
+    await asyncio.to_thread(ollama_pulls.delete, store, name)
     return JSONResponse({})
+
+
+def _files_of(store: ModelStore, model: ServableModel) -> list[Path]:
+    """The cached files a servable model runs on (its first file and projector; none if not cached)."""
+    try:
+        path, _ = store.resolve(model.source, pull_missing=False)
+        projector = (store.resolve(model.options.mmproj, pull_missing=False)[0] if model.options.mmproj
+                     else store.projector_of(model.source))
+    except RunnerError:
+        return []
+    return [path, *([projector] if projector is not None else [])]
 
 
 def _body(raw: bytes) -> dict:

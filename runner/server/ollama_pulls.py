@@ -21,8 +21,13 @@ HEARTBEAT_S = 1.0  # a progress object at least this often while a pull runs (a 
 
 
 def check_pullable(store: ModelStore, name: str) -> None:
-    """A name that cannot be pulled is a 404 before anything streams."""
-    if not (store.catalog.is_name(name) or hub.parse_hub_ref(name)):
+    """A name that cannot be pulled is a 404 (a Hub reference that cannot be read, a 400) before
+    anything streams."""
+    try:
+        hub_ref = hub.parse_hub_ref(name)
+    except RunnerError as exc:
+        raise invalid(str(exc), "model") from None
+    if not (store.catalog.is_name(name) or hub_ref):
         raise ApiError(404, f"model '{name}' not found: pull a catalog name (`runner list --all`) or "
                             "hf.co/ORG/REPO[:QUANT]", code="not_found")
 
@@ -52,6 +57,9 @@ async def progress(store: ModelStore, name: str) -> AsyncIterator[dict[str, obje
     except RunnerError as exc:
         yield {"error": str(exc)}
         return
+    except OSError as exc:  # (the cache cannot be written: read-only, full)
+        yield {"error": f"cannot write to the model cache ({store.root}): {exc.strerror or exc}"}
+        return
     size = path.stat().st_size
     yield {"status": f"pulling {digest[7:19]}", "digest": digest, "total": size, "completed": size}
     yield {"status": "verifying sha256 digest"}
@@ -64,11 +72,20 @@ async def lines(events: AsyncIterator[dict[str, object]]) -> AsyncIterator[str]:
         yield json.dumps(event) + "\n"
 
 
-def delete(store: ModelStore, name: str) -> None:
+def files_to_delete(store: ModelStore, name: str) -> list[Path]:
+    """What deleting `name` removes (404 when it is not cached)."""
     try:
-        store.remove(name)
+        return store.files_of(name)
     except RunnerError as exc:
         raise ApiError(404, f"model '{name}' not found: {exc}", code="not_found") from None
+
+
+def delete(store: ModelStore, name: str) -> None:
+    files_to_delete(store, name)
+    try:
+        store.remove(name)
+    except RunnerError as exc:  # (a file that cannot be removed: a read-only cache)
+        raise ApiError(500, str(exc), "server_error", code="delete_failed") from None
 
 
 async def pull_response(store: ModelStore, body: dict[str, object], on_pulled: Callable[[str], None]) -> Response:

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from runner.catalog.store import ModelStore
+from runner.catalog.store import ModelStore, shares_a_file
 from runner.server import ollama_api, ollama_models, ollama_pulls
 from runner.server.chat_pipeline import chat_request, completion_request, embed, embedding_ids, reasoning_splitter
 from runner.server.edge import api_body, check_auth
@@ -143,9 +143,11 @@ async def pull(state: ServerState, request: Request) -> Response:
 async def delete(state: ServerState, request: Request) -> Response:
     body = await api_body(state, request, any_content_type=True)
     name = ollama_pulls.model_named(body)
-    if name in state.model_ids:
+    store = ModelStore()
+    if name in state.model_ids or shares_a_file(await run_in_threadpool(ollama_pulls.files_to_delete, store, name),
+                                                state.loaded.files):
         raise ApiError(409, f"'{name}' is the model this server runs; stop it first", code="model_in_use")
-    await run_in_threadpool(ollama_pulls.delete, ModelStore(), name)
+    await run_in_threadpool(ollama_pulls.delete, store, name)
     return JSONResponse({})
 
 

@@ -390,3 +390,48 @@ def test_a_model_from_the_hub_comes_with_the_eagle3_head_its_repo_publishes(
     assert [p.name for p in store.remove("hf.co/org/llm3-GGUF:Q8_0")] == ["llm3-Q8_0.gguf"]  # the head serves Q4_0 too
     removed = store.remove("hf.co/org/llm3-GGUF:Q4_0")
     assert sorted(p.name for p in removed) == ["eagle3-llm3-F16.gguf", "llm3-Q4_0.gguf"]
+
+
+def test_a_finished_pull_leaves_another_pulls_lock_and_folder_in_place(fake_hub: FakeHub) -> None:
+    """Two pulls of two files of one commit: the first to finish tidied .download/COMMIT, removing
+    the other's lock (taken, its partial file not begun) and then the folder under it."""
+    import fcntl
+
+    store = ModelStore()
+    staging = store.root / "hf" / "org" / "tiny-GGUF" / ".download" / MAIN
+    staging.mkdir(parents=True)
+    other_lock = staging / "tiny-Q8_0.gguf.partial.lock"
+    with other_lock.open("w") as held:  # the other pull, between its lock and its first byte
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main(["pull", "hf.co/org/tiny-GGUF"]) == 0
+        assert other_lock.exists() and os.fstat(held.fileno()).st_ino == other_lock.stat().st_ino
+    assert main(["pull", "hf.co/org/tiny-GGUF:Q8_0"]) == 0  # (it takes the lock, finishes and tidies)
+    assert not (store.root / "hf" / "org" / "tiny-GGUF" / ".download").exists()
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["pull", "hf.co/org/tiny-GGUF"]) == 0
+    real_unlink = Path.unlink
+
+    def read_only(path: Path, missing_ok: bool = False) -> None:  # what a read-only mount answers
+        if path.suffix == ".gguf":
+            raise OSError(errno.EROFS, "Read-only file system")
+        real_unlink(path, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    assert main(["rm", "hf.co/org/tiny-GGUF"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("runner: error: cannot remove ") and err.endswith("Read-only file system")
+    monkeypatch.setattr(Path, "write_text", lambda *a, **k: _read_only())
+    assert main(["pull", "hf.co/org/tiny-GGUF"]) == 0  # cached, its listing unchanged: nothing to write
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda path, mode="r", *a, **k: (
+        _read_only() if "w" in mode or "a" in mode else real_open(path, mode, *a, **k)))
+    assert main(["pull", "hf.co/org/tiny-GGUF:Q8_0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot write to the model cache" in err and "Read-only file system" in err and "\n" not in err
+
+
+def _read_only() -> None:
+    raise OSError(errno.EROFS, "Read-only file system")

