@@ -35,6 +35,7 @@ from runner.core.errors import PullError
 PREFIXES = ("https://huggingface.co/", "https://hf.co/", "huggingface.co/", "hf.co/")
 _REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+?)(?:/(?P<file>[^@:]+\.gguf))?(?:@(?P<rev1>[^:@]+))?"
                   r"(?::(?P<quant>[^@:/]+))?(?:@(?P<rev2>[^:@]+))?$")
+_BROWSER_URL = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)/(?:blob|resolve)/(?P<rev>[^/]+)/(?P<file>.+\.gguf)$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 # a quant tag in a file name: Q4_K_M, IQ3_XXS, Q8_0, F16, BF16, ... (the last one in the name)
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|TQ\d_\d)(?![A-Za-z0-9])",
@@ -63,6 +64,10 @@ def parse_hub_ref(text: str) -> HubRef | None:
     rest = next((text[len(p):] for p in PREFIXES if text.lower().startswith(p)), None)
     if rest is None:
         return None
+    rest = rest.split("?", 1)[0]
+    browser = _BROWSER_URL.match(rest.strip("/"))  # a file's page or download link, as copied from the Hub
+    if browser is not None:
+        rest = f"{browser['repo']}/{browser['file']}@{browser['rev']}"
     match = _REF.match(rest.strip("/"))
     if match is None or (match["rev1"] and match["rev2"]) or (match["file"] and match["quant"]):
         raise PullError(f"cannot read the Hub reference '{text}': write hf.co/ORG/REPO[:QUANT][@REVISION] "
@@ -464,6 +469,10 @@ def _fetch_into(partial: Path, ref: HubRef, commit: str, part: HubFile) -> None:
         print(f"\ninterrupted: the partial download is kept; `runner pull {ref.text}` resumes it", file=sys.stderr)
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
+        n_kept = partial.stat().st_size if partial.exists() else 0
+        if n_kept and _is_network(exc):  # the Hub answered, then the transfer stalled or was cut
+            raise PullError(f"the download of {part.name} stopped at {n_kept / 1e6:.1f} of {part.size / 1e6:.1f} MB "
+                            f"({type(exc).__name__}); what came is kept: `runner pull {ref.text}` resumes it") from None
         raise _readable_hub_error(exc, ref) from None
 
 

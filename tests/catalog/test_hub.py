@@ -35,6 +35,11 @@ MAIN, V1 = "1" * 40, "2" * 40  # two commits of the tiny repo: main, and the tag
     ("hf.co/org/Repo-GGUF/sub/model.Q2_K.gguf@" + MAIN,
      HubRef("org/Repo-GGUF", file="sub/model.Q2_K.gguf", revision=MAIN)),
     ("https://huggingface.co/org/repo.v2", HubRef("org/repo.v2")),
+    # a file's page and its download link, as copied from the Hub's website
+    ("https://huggingface.co/org/Repo-GGUF/blob/main/model-Q4_0.gguf",
+     HubRef("org/Repo-GGUF", file="model-Q4_0.gguf", revision="main")),
+    ("https://huggingface.co/org/Repo-GGUF/resolve/v1/sub/model-Q4_0.gguf?download=true",
+     HubRef("org/Repo-GGUF", file="sub/model-Q4_0.gguf", revision="v1")),
     ("smollm2-135m-instruct", None),
     ("models/tiny.gguf", None),
 ])
@@ -435,3 +440,17 @@ def test_a_cache_that_cannot_be_written_is_one_line(fake_hub: FakeHub, capsys: p
 
 def _read_only() -> None:
     raise OSError(errno.EROFS, "Read-only file system")
+
+
+def test_a_download_that_stalls_says_how_far_it_came_and_how_to_resume(fake_hub: FakeHub,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")  # (huggingface_hub's read timeout, 10 s by default)
+    fake_hub.stall_after = 12 << 20
+    proc = _pull("hf.co/org/big-GGUF")
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    line = err.strip().splitlines()[-1]
+    assert proc.returncode == 1 and line.startswith("runner: error: the download of big-Q4_K_M.gguf stopped at "), err
+    assert line.endswith("of 25.2 MB (ReadTimeout); what came is kept: `runner pull hf.co/org/big-GGUF` resumes it")
