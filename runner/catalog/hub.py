@@ -252,14 +252,26 @@ class HubCache:
         path = self.path(ref.repo, commit, chosen.name) if chosen else None
         return path if path is not None and path.exists() else None
 
-    def files(self) -> list[tuple[str, Path]]:
-        """Every cached Hub model GGUF as (hf.co/ORG/REPO/FILE, path) (projectors are not models)."""
+    def files(self) -> list[tuple[str, list[Path]]]:
+        """Every cached Hub model as (the name that loads and removes it, its files): hf.co/ORG/REPO/FILE,
+        with @COMMIT where it is not the commit main points to; a split model once, named by its first
+        part; projectors and draft heads are not models."""
         out = []
-        for path in sorted(self.root.glob("*/*/*/*.gguf")):
-            if is_companion(path.name):
+        for commit_dir in sorted(self.root.glob("*/*/*")):
+            if not commit_dir.is_dir() or not _COMMIT.match(commit_dir.name):
                 continue
-            org, repo = path.parts[-4], path.parts[-3]
-            out.append((f"hf.co/{org}/{repo}/{path.name}", path))
+            org, repo = commit_dir.parts[-3], commit_dir.parts[-2]
+            on_main = self.commit_of(HubRef(f"{org}/{repo}")) == commit_dir.name
+            for path in sorted(commit_dir.rglob("*.gguf")):
+                split = _SPLIT.search(path.name)
+                if is_companion(path.name) or (split and int(split[1]) != 1):
+                    continue
+                parts = [path]
+                if split:
+                    stem = path.name[: split.start()]
+                    parts = [path.with_name(f"{stem}-{i:05d}-of-{split[2]}.gguf") for i in range(1, int(split[2]) + 1)]
+                name = f"hf.co/{org}/{repo}/{path.relative_to(commit_dir).as_posix()}"
+                out.append((name if on_main else f"{name}@{commit_dir.name}", [p for p in parts if p.exists()]))
         return out
 
 

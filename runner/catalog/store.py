@@ -58,12 +58,21 @@ class ModelStore:
         return self.root / ref.file
 
     def cached(self) -> list[CachedModel]:
+        """Every model in the cache, once, by the name that loads and removes it (a catalog model's
+        own name, the Hub's hf.co/ORG/REPO/FILE, else the file's name)."""
         by_file = {self.catalog.resolve(n).file: n for n in self.catalog.names()}
+        hub_cache = hub.HubCache(self.root)
+        by_hub_path = {}
+        for name in self.catalog.names():
+            hub_ref = self.hub_ref(name) if self.catalog.resolve(name).entry.hub else None
+            parts = hub_cache.cached_parts(hub_ref) if hub_ref is not None else None
+            if parts:
+                by_hub_path[parts[0]] = name
         out = []
         for path in sorted(self.root.glob("*.gguf")):
             out.append(CachedModel(by_file.get(path.name, path.name), path, path.stat().st_size))
-        for name, path in hub.HubCache(self.root).files():
-            out.append(CachedModel(name, path, path.stat().st_size))
+        for name, parts in hub_cache.files():
+            out.append(CachedModel(by_hub_path.get(parts[0], name), parts[0], sum(p.stat().st_size for p in parts)))
         return out
 
     def hub_ref(self, model: str) -> hub.HubRef | None:
@@ -100,6 +109,8 @@ class ModelStore:
             paths = hub.HubCache(self.root).cached_parts(hub_ref)
             if not paths:
                 raise CatalogError(f"'{name}' is not in the cache ({self.root})")
+        elif not self.catalog.is_name(name) and Path(name).name == name and (self.root / name).is_file():
+            paths = [self.root / name]  # a file in the cache the catalog does not know (as `runner list` names it)
         else:
             ref = self.catalog.resolve(name)
             paths = [self.path_of(ref)]
@@ -126,6 +137,8 @@ class ModelStore:
         candidate = Path(model).expanduser()
         looks_like_path = candidate.suffix == ".gguf" or os.sep in model or candidate.exists()
         if looks_like_path and not self.catalog.is_name(model):
+            if not candidate.exists() and candidate.name == model and (self.root / model).is_file():
+                return self.root / model, None  # a file in the cache the catalog does not know
             if not candidate.exists():
                 raise ModelFileError(f"model file not found: {model}")
             return candidate, None

@@ -135,9 +135,10 @@ def test_pull_by_repo_quant_file_and_revision(fake_hub: FakeHub, tiny_files: dic
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("pulled hf.co/org/tiny-GGUF (") and out[2].startswith("already cached: ")
     assert not list(store.root.rglob("*.partial"))
-    listed = [c.name for c in store.cached()]
-    assert "hf.co/org/tiny-GGUF/tiny-Q4_K_M.gguf" in listed
-    assert main(["rm", "hf.co/org/tiny-GGUF:Q8_0@v1"]) == 0
+    listed = [c.name for c in store.cached()]  # one name per model, one that loads and removes it
+    assert listed == ["hf.co/org/tiny-GGUF/tiny-Q4_K_M.gguf", "hf.co/org/tiny-GGUF/tiny-Q8_0.gguf",
+                      f"hf.co/org/tiny-GGUF/tiny-Q8_0.gguf@{V1}"]  # (v1's had main's name)
+    assert main(["rm", listed[2]]) == 0
     assert not (cache / V1 / "tiny-Q8_0.gguf").exists() and (cache / MAIN / "tiny-Q8_0.gguf").exists()
 
 
@@ -153,6 +154,9 @@ def test_a_split_model_is_fetched_whole_and_loaded_from_its_first_part(fake_hub:
     finally:
         loaded.close()
     assert sorted(_downloads(fake_hub)) == [f"tiny-F32-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    (listed,) = ModelStore().cached()  # once, not once per part
+    assert listed.name == "hf.co/org/tiny-GGUF/tiny-F32-00001-of-00003.gguf"
+    assert listed.size_bytes == sum(p.stat().st_size for p in parts)
 
 
 def test_a_checksum_mismatch_leaves_nothing(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:

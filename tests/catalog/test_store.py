@@ -45,3 +45,11 @@ def test_remove_deletes_the_file_and_refuses_what_is_not_there(store: ModelStore
     assert not (store.root / ref.file).exists()
     with pytest.raises(CatalogError, match="is not in the cache"):
         store.remove("smollm2-135m-instruct:q8_0")
+
+
+def test_a_file_in_the_cache_the_catalog_does_not_know_is_listed_loaded_and_removed_by_its_name(
+        store: ModelStore) -> None:
+    (store.root / "mine.gguf").write_bytes(b"GGUF")
+    assert [c.name for c in store.cached()] == ["mine.gguf"]
+    assert store.resolve("mine.gguf", pull_missing=False) == (store.root / "mine.gguf", None)  # (not found before)
+    assert store.remove("mine.gguf") == [store.root / "mine.gguf"]  # (an unknown model before)
