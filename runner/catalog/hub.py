@@ -231,6 +231,19 @@ class HubCache:
         paths = [self.path(ref.repo, commit, p.name) for p in parts]
         return paths if all(p.exists() for p in paths) else None
 
+    def partials(self, ref: HubRef) -> list[Path]:
+        """What interrupted downloads of what `ref` means left (resumable, or removed by `runner rm`)."""
+        commit = self.commit_of(ref)
+        listing = self.listing(ref.repo, commit) if commit else None
+        if commit is None or listing is None:
+            return []
+        try:
+            parts = choose(ref, listing)
+        except PullError:
+            return []
+        staging = self.repo_dir(ref.repo) / ".download" / commit
+        return [f for f in (staging / (p.name + ".partial") for p in parts) if f.exists()]
+
     def projector(self, ref: HubRef) -> Path | None:
         """The cached projector of what `ref` means (None: its repo has none, or it is not cached)."""
         return self._companion(ref, choose_projector)
@@ -482,6 +495,10 @@ def _fetch_into(partial: Path, ref: HubRef, commit: str, part: HubFile) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes one readable line
         n_kept = partial.stat().st_size if partial.exists() else 0
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise PullError(f"disk full while downloading {ref.text} ({n_kept / 1e6:.1f} of {part.size / 1e6:.1f} MB "
+                            f"came); free space and `runner pull {ref.text}` resumes it, or `runner rm {ref.text}` "
+                            "removes what came (RUNNER_CACHE_DIR puts the cache on another disk)") from None
         if n_kept and _is_network(exc):  # the Hub answered, then the transfer stalled or was cut
             raise PullError(f"the download of {part.name} stopped at {n_kept / 1e6:.1f} of {part.size / 1e6:.1f} MB "
                             f"({type(exc).__name__}); what came is kept: `runner pull {ref.text}` resumes it") from None

@@ -211,13 +211,18 @@ def test_a_full_disk_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixtur
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import file_download
 
-    def disk_full(*args: object, **kwargs: object) -> None:
+    def disk_full(url: str, fh, *args: object, **kwargs: object) -> None:  # type: ignore[no-untyped-def]
+        fh.write(b"G" * 300_000)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(file_download, "http_get", disk_full)
     assert main(["pull", "hf.co/org/tiny-GGUF"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("runner: error: disk full while downloading hf.co/org/tiny-GGUF") and err.count("\n") == 1
+    assert err.startswith("runner: error: disk full while downloading hf.co/org/tiny-GGUF (0.3 of ")
+    assert err.count("\n") == 1
+    assert "`runner rm hf.co/org/tiny-GGUF` removes what came" in err
+    (partial,) = ModelStore().root.rglob("*.partial")
+    assert main(["rm", "hf.co/org/tiny-GGUF"]) == 0 and not partial.exists()  # (it was "not in the cache")
 
 
 def test_search_lists_gguf_repos_with_their_quants(fake_hub: FakeHub, tiny_files: dict[str, bytes],
