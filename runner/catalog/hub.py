@@ -42,6 +42,7 @@ _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?
                     re.IGNORECASE)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _CHUNK = 1 << 20
+_CONNECT_CHECK_S = 5.0  # how long search waits to see that the Hub answers at all
 
 
 @dataclass(frozen=True)
@@ -362,11 +363,13 @@ def search(text: str, limit: int = 10) -> list[Found]:
         raise PullError("nothing to search for: give a few words of the model's name")
     if limit < 1:
         raise PullError(f"--limit must be at least 1, got {limit}")
-    host = urllib.parse.urlsplit(endpoint()).hostname or ""
-    try:  # (huggingface_hub retries a listing for 24 s when offline: the name's lookup fails at once)
-        socket.getaddrinfo(host, None)
+    url = urllib.parse.urlsplit(endpoint())
+    try:  # (huggingface_hub retries a listing for 24 s when offline: a lookup or connect fails at once)
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=_CONNECT_CHECK_S).close()
     except OSError as exc:
-        raise PullError(f"no network: cannot reach {endpoint()} ({exc.strerror or exc})") from None
+        raise PullError(f"no network: cannot reach {endpoint()} ({exc.strerror or type(exc).__name__}); "
+                        "searching needs the Hub") from None
     api = HfApi(endpoint=endpoint(), token=_token())
     ref = HubRef(text)
     try:

@@ -235,11 +235,13 @@ def test_search_lists_gguf_repos_with_their_quants(fake_hub: FakeHub, tiny_files
     assert lines[3].startswith(f"    Q4_K_M {q4:.1f} GB, Q8_0 {q8:.1f} GB, F32 ") and len(lines) == 4
 
 
-def test_no_network_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
-    fake_hub.stop()
-    assert main(["pull", "hf.co/org/tiny-GGUF"]) == 1
+@pytest.mark.parametrize("command", [["pull", "hf.co/org/tiny-GGUF"], ["search", "tiny"]])
+def test_no_network_is_one_line(fake_hub: FakeHub, capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    fake_hub.stop()  # (connections refused: search said so after huggingface_hub's retries, 23 s)
+    assert main(command) == 1
     err = capsys.readouterr().err
     assert err.startswith("runner: error: no network: cannot reach http://127.0.0.1:") and err.count("\n") == 1
+    assert ("searching needs the Hub" in err) == (command[0] == "search")  # (not "a model pulled before ...")
 
 
 @pytest.mark.parametrize("command", [["pull", "hf.co/org/tiny-GGUF"], ["search", "tiny"]])
