@@ -22,6 +22,7 @@ from runner.server.streaming import wait_for_disconnect
 _REQUEST_DROP = {"host", "origin", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
 _RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 T = TypeVar("T")
+STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")  # server-sent events; Ollama's lines
 
 
 async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
@@ -36,7 +37,7 @@ async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
     try:
         answer = await _unless_gone(gone, upstream.request(request.method, target, headers, body))
         response_headers = {k: v for k, v in answer.headers if k not in _RESPONSE_DROP}
-        if answer.header("content-type").startswith("text/event-stream"):
+        if answer.header("content-type").startswith(STREAMED_TYPES):
             gone.cancel()  # the stream watches for its client from here on, and calls on_done
             is_streamed = True
             return _RelayedStream(answer, on_done, response_headers, request.url.path, model)

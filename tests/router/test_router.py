@@ -309,12 +309,14 @@ def test_the_api_key_guards_the_model_endpoints(smollm2_path: Path, gemma_path: 
         server.stop()
 
 
-def test_a_client_that_leaves_mid_stream_releases_its_model(router: ServerProcess) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_client_that_leaves_mid_stream_releases_its_model(router: ServerProcess, path: str) -> None:
+    """(Ollama's NDJSON stream came whole, at the reply's end: its first line said nothing was in flight.)"""
     body = {"model": SMOL, "messages": [{"role": "user", "content": "Count from 1 to 300."}], "max_tokens": 400,
-            "temperature": 0, "stream": True}
-    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=60) as response:
+            "temperature": 0, "stream": True, "options": {"num_predict": 400, "temperature": 0}}
+    with httpx.stream("POST", router.url + path, json=body, timeout=60) as response:
         for line in response.iter_lines():
-            if line.startswith("data: "):
+            if line.startswith("data: ") or line.startswith("{"):
                 assert listed(router)[SMOL]["requests_in_flight"] == 1
                 break  # leaving with the reply half sent
     assert wait_for(lambda: listed(router)[SMOL]["requests_in_flight"] == 0)
