@@ -18,20 +18,28 @@ class Detokenizer:
         self._held = ""  # decoded text not yet emitted (could begin a stop string)
         self.is_stopped = False
         self.stop_hit: str | None = None
+        self.n_decoded = 0  # characters decoded so far (held ones too)
+        self.n_released = 0  # characters given out so far (a stop string's cut: where the text ends)
 
     def push(self, token_id: int) -> str:
         """Feed one token; return the text that can be shown now (maybe '')."""
         if self.is_stopped:
             return ""
-        self._held += self._utf8.decode(self._token_bytes(token_id))
-        return self._release()
+        decoded = self._utf8.decode(self._token_bytes(token_id))
+        self.n_decoded += len(decoded)
+        self._held += decoded
+        out = self._release()
+        self.n_released += len(out)
+        return out
 
     def flush(self) -> str:
         """End of generation: emit whatever is held (incomplete UTF-8 becomes U+FFFD)."""
         if self.is_stopped:
             return ""
-        self._held += self._utf8.decode(b"", final=True)
-        out, self._held = self._held, ""
+        decoded = self._utf8.decode(b"", final=True)
+        self.n_decoded += len(decoded)
+        out, self._held = self._held + decoded, ""
+        self.n_released += len(out)
         return out
 
     def _release(self) -> str:

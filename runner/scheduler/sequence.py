@@ -37,6 +37,8 @@ class Sequence:
         self.group: Group[Sequence] = ALONE
         self._is_prompt_computed = False
         self._prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent (they ride on the next event)
+        # generated tokens' logprobs not yet sent, each with where its text starts (its text is held)
+        self._unsent_logprobs: list[tuple[int, TokenLogprob]] = []
 
     @property
     def is_prompt_computed(self) -> bool:
@@ -71,6 +73,16 @@ class Sequence:
             token_id = self.prompt_ids[first_pos + j + 1]
             chosen, top = top_logprobs(row, token_id, n_top)
             self._prompt_logprobs.append(TokenLogprob(token_id, chosen, tuple(top)))
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The generated tokens' logprobs whose text has been given out (some of it, at least): a
+        token's logprob waits with its text while that could begin a stop string, and goes with it
+        when the stop string cuts it."""
+        n_released = self.detokenizer.n_released
+        out = tuple(lp for start, lp in self._unsent_logprobs if start < n_released)
+        if out:
+            self._unsent_logprobs = self._unsent_logprobs[len(out):]
+        return out
 
     def _take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
         if not self._prompt_logprobs:  # (the usual case, every token)
@@ -111,8 +123,10 @@ class Sequence:
         if not is_draft:  # verify() already recorded accepted drafts
             self.sampler.accept(token_id)
         self.output_ids.append(token_id)
+        if logprob is not None:
+            self._unsent_logprobs.append((self.detokenizer.n_decoded, logprob))
         text = self.detokenizer.push(token_id)
-        event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), (logprob,) if logprob else (),
+        event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), self._take_logprobs(),
                             prompt_logprobs=self._take_prompt_logprobs())
         if self.detokenizer.is_stopped:
             self.finish(FinishReason.STOP, event)
@@ -127,9 +141,11 @@ class Sequence:
             return
         self.finish_reason = reason
         text = (last.text if last else "") + self.detokenizer.flush()  # text held back for a stop string
+        logprobs = (last.logprobs if last else ()) + self._take_logprobs()
+        self._unsent_logprobs.clear()  # (a stop string's tokens: their text was cut)
         self.sink(StreamEvent(
             self.request_id, text,
-            last.token_ids if last else (), last.drafted if last else (), last.logprobs if last else (),
+            last.token_ids if last else (), last.drafted if last else (), logprobs,
             reason, self.usage, error, self.detokenizer.stop_hit,
             (last.prompt_logprobs if last else ()) + self._take_prompt_logprobs(),
         ))

@@ -148,3 +148,27 @@ def test_request_reusing_a_busy_slots_prefix_gives_the_cold_output(tiny_gguf: Pa
         warm.close()
     assert events[-1].usage.cached_tokens > 64
     assert [t for e in events for t in e.token_ids] == expected
+
+
+def test_a_stop_strings_tokens_have_no_logprobs_their_text_was_cut(tiny_gguf: Path) -> None:
+    """Each logprob went out with its token, so a reply cut by a stop string still had the logprobs
+    (and completions' tokens and text offsets) of the tokens that spelled the stop string."""
+    from engines import submit_all
+
+    loaded = load_tiny(tiny_gguf, 1)
+    try:
+        prompt, greedy = tuple(range(40, 60)), SamplingParams(temperature=0)
+        ask = dict(sampling=greedy, max_tokens=16, n_top_logprobs=0, ignore_eos=True)
+        full = submit_all(loaded.engine, [GenerationRequest("full", prompt, **ask)])[0]
+        ids = [t for e in full for t in e.token_ids]
+        pieces = [loaded.model.token_bytes(t).decode("utf-8", "replace") for t in ids]
+        text = "".join(pieces)
+        cut = next(i for i in range(4, len(ids) - 2)  # a token whose text first appears where it stands
+                   if pieces[i] and text.find(pieces[i] + pieces[i + 1]) == len("".join(pieces[:i])))
+        stop = pieces[cut] + pieces[cut + 1]
+        events = submit_all(loaded.engine, [GenerationRequest("cut", prompt, stop=(stop,), **ask)])[0]
+        assert "".join(e.text for e in events) == "".join(pieces[:cut])
+        assert [lp.token_id for e in events for lp in e.logprobs] == ids[:cut]  # (ids[:cut + 2] before)
+        assert events[-1].stop_string == stop
+    finally:
+        loaded.close()
