@@ -85,7 +85,8 @@ class EngineOptions:
                                  "e.g. 1,2,2 (default: every layer on the workers, by their free memory)")
     max_tokens: int = _opt(DEFAULT_MAX_TOKENS, "most tokens in a reply when a request does not say (and never past the slot's "
                                  "context)", lo=1)
-    max_queue: int = _opt(64, "requests that may wait for a slot before the server answers 503", lo=0)
+    max_queue: int = _opt(64, "generations (choices, beams, prompts) that may wait for a slot before the server "
+                             "answers 503", lo=0)
     kv_type: str = _opt("f16", "KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter)", choices=tuple(KV_BYTES_PER_VALUE))
     draft: str = _opt("", "speculative decoding drafter: a draft model (catalog name or .gguf) or 'ngram'")
     draft_max: int = _opt(4, "most tokens drafted per slot and step", lo=1)

@@ -89,7 +89,8 @@ class Scheduler:
         for seq in seqs:
             self.check_prompt(len(seq.prompt_ids))
         if self.is_queue_full(len(seqs) - 1):
-            raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
+            raise QueueFullError(f"the queue is full ({self.max_queue} generations waiting: each choice, beam and "
+                                 "prompt of a request is one)")
         self.waiting.extend(seqs)
 
     def cancel(self, request_id: str) -> None:

@@ -353,8 +353,9 @@ class MessageBuilder:
                 out.append(self._close_sse())
         return "".join(out)
 
-    def stream_error(self, message: str) -> str:
-        return _event("error", {"error": {"type": "api_error", "message": message}})
+    def stream_error(self, message: str, code: str = "generation_failed") -> str:
+        kind = "overloaded_error" if code == "shutting_down" else "api_error"  # (Anthropic's: retry elsewhere)
+        return _event("error", {"error": {"type": kind, "message": message}})
 
     def stream_end(self, include_usage: bool) -> str:
         out = ""

@@ -87,7 +87,8 @@ class EngineThread:
             if self.crash is not None or self._stopping:
                 raise EngineStoppedError("the engine has stopped (see the server's log); restart the server")
             if self._n_queued + self._n_arriving + n_requests - 1 - self._n_free >= self.max_queue:
-                raise QueueFullError(f"the queue is full ({self.max_queue} requests waiting)")
+                raise QueueFullError(f"the queue is full ({self.max_queue} generations waiting: each choice, beam and "
+                                     "prompt of a request is one)")
             self._n_arriving += n_requests
             self._inbox.extend(_Submit(list(group), list(group_sinks)) for group, group_sinks in zip(groups, sinks,
                                                                                                       strict=True))

@@ -346,7 +346,7 @@ class OllamaBuilder:
             thinking = ""
         return _line(self._object(content, thinking)) if content or thinking else None
 
-    def stream_error(self, message: str) -> str:
+    def stream_error(self, message: str, code: str = "generation_failed") -> str:
         return _line({"error": message})
 
     def stream_end(self, include_usage: bool) -> str:

@@ -148,9 +148,9 @@ class OpenAIReplyBuilder:
         first = self.first_chunk()
         return sse(first) if first is not None else ""
 
-    def stream_error(self, message: str) -> str:
+    def stream_error(self, message: str, code: str = "generation_failed") -> str:
         """The event that ends a failed stream (no [DONE] after it)."""
-        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": "generation_failed"}})
+        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
     def stream_end(self, include_usage: bool) -> str:
         usage = sse(self.usage_chunk()) if include_usage and self.usage is not None else ""
@@ -376,8 +376,8 @@ class ChoicesBuilder:
     def chunk_sse(self, event: StreamEvent) -> str | None:
         return self.by_id[event.request_id].chunk_sse(event)
 
-    def stream_error(self, message: str) -> str:
-        return self.builders[0].stream_error(message)
+    def stream_error(self, message: str, code: str = "generation_failed") -> str:
+        return self.builders[0].stream_error(message, code)
 
     def stream_end(self, include_usage: bool) -> str:
         first = self.builders[0]

@@ -429,8 +429,8 @@ class ResponsesBuilder:
             out.append(self._event("response.output_item.done", output_index=index, item=item))
         return "".join(out)
 
-    def stream_error(self, message: str) -> str:
-        return self._event("error", code="generation_failed", message=message, param=None)
+    def stream_error(self, message: str, code: str = "generation_failed") -> str:
+        return self._event("error", code=code, message=message, param=None)
 
     def stream_end(self, include_usage: bool) -> str:
         status = self._status()

@@ -27,7 +27,7 @@ class ReplyBuilder(Protocol):
     def whole(self) -> dict[str, Any]: ...
     def stream_start(self) -> str: ...
     def chunk_sse(self, event: StreamEvent) -> str | None: ...  # None: nothing to send for this event
-    def stream_error(self, message: str) -> str: ...
+    def stream_error(self, message: str, code: str = "generation_failed") -> str: ...
     def stream_end(self, include_usage: bool) -> str: ...
 
 
@@ -74,7 +74,8 @@ async def _stream(state: ServerState, request_ids: list[str], events: asyncio.Qu
                 n_running -= event.is_final
                 finished = n_running == 0
                 if event.error is not None:  # the stream ends with the error event
-                    yield "".join(out) + builder.stream_error(event.error)
+                    code = "shutting_down" if event.finish_reason is FinishReason.CANCELLED else "generation_failed"
+                    yield "".join(out) + builder.stream_error(event.error, code)
                     return
                 chunk = builder.chunk_sse(event)
                 if chunk is not None:

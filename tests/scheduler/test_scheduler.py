@@ -114,7 +114,7 @@ def test_queue_bound() -> None:
     submit(engine, "a", [1])
     engine.step()
     submit(engine, "b", [1])
-    with pytest.raises(QueueFullError, match="1 requests waiting"):
+    with pytest.raises(QueueFullError, match="1 generations waiting"):
         submit(engine, "c", [1])
 
 

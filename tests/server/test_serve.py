@@ -76,7 +76,7 @@ def test_sigterm_with_streams_open_cancels_them_and_exits_promptly(smollm2_path:
         c.join(timeout=30)
     assert exit_code in (0, -signal.SIGTERM)
     # each stream was ended with the reason, not cut, and not passed off as a whole reply ([DONE])
-    ended = {"error": {"message": SHUTTING_DOWN, "type": "server_error", "param": None, "code": "generation_failed"}}
+    ended = {"error": {"message": SHUTTING_DOWN, "type": "server_error", "param": None, "code": "shutting_down"}}
     assert ends == ["data: " + json.dumps(ended)] * 3
     with socket.socket() as s:  # the port is free again for a new server (which reuses TIME_WAIT addresses)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
