@@ -74,8 +74,8 @@ class Engine:
     def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> list[Sequence]:
         """Several generations of one prompt (n choices): the first computes the prompt, the others
         start from a copy of its KV once it is there, each in its own slot with its own sampler."""
-        seqs = [Sequence(r, sink, self.vocab.token_bytes, self.vocab.eog_ids) for r, sink in zip(requests, sinks,
-                                                                                                 strict=True)]
+        seqs = [Sequence(r, self.stats.counting_finishes(sink), self.vocab.token_bytes, self.vocab.eog_ids)
+                for r, sink in zip(requests, sinks, strict=True)]
         group = self._group(seqs)
         for seq in seqs:
             seq.group = group
@@ -112,7 +112,8 @@ class Engine:
         return EngineSnapshot(tuple(slots), scheduler.n_waiting, stats.n_requests, stats.n_prompt_tokens,
                               stats.n_cached_prompt_tokens, scheduler.n_copied_prompt_tokens,
                               stats.n_generated_tokens, stats.n_steps, stats.decode_s,
-                              self.runtime.n_padding_tokens, stats.n_forced_tokens, drafts)
+                              self.runtime.n_padding_tokens, stats.n_forced_tokens, drafts,
+                              tuple((reason.value, n) for reason, n in stats.n_finished.items()))
 
     def step(self) -> int:
         """Run one engine step; returns the number of tokens decoded."""

@@ -56,6 +56,7 @@ class EngineSnapshot:
     n_padding_tokens: int  # junk decoded to keep batches invariant (--batch-invariant)
     n_forced_tokens: int  # a grammar's forced tokens decoded as drafts (jump-forward)
     drafts: DraftCounts | None  # None: no speculation
+    n_finished: tuple[tuple[str, int], ...] = ()  # generations ended, by reason (stop, length, cancelled, error)
 
     @property
     def n_busy_slots(self) -> int:

@@ -60,6 +60,10 @@ def test_a_failed_decode_mid_stream_sends_an_error_event_and_frees_the_slot(app_
         again = client.post("/v1/chat/completions", json={**BODY, "stream": False})
         assert again.status_code == 200
         assert again.json()["usage"]["completion_tokens"] == 12
+        finished = {line.split()[0]: float(line.split()[1]) for line in client.get("/metrics").text.splitlines()
+                    if line.startswith("runner_generations_finished_total")}
+        assert finished == {f'runner_generations_finished_total{{reason="{r}"}}': n
+                            for r, n in (("stop", 0), ("length", 1), ("cancelled", 0), ("error", 1))}
 
 
 def test_a_non_streamed_failure_is_a_500_envelope(app_state: ServerState) -> None:
