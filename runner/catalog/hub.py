@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 import urllib.parse
@@ -186,6 +187,20 @@ class HubCache:
 
     def repo_dir(self, repo: str) -> Path:
         return self.root / repo
+
+    def forget_empty(self, repo: str) -> None:
+        """After a removal: a commit folder left without a model goes (its listing with it), and a
+        repository left without one goes whole (its refs, what a download left)."""
+        repo_dir = self.repo_dir(repo)
+        downloading = repo_dir / ".download"  # (a pull under way or one to resume: its commit stays)
+        commits = [d for d in repo_dir.glob("*") if d.is_dir() and _COMMIT.match(d.name)]
+        for commit_dir in commits:
+            if not any(commit_dir.rglob("*.gguf")) and not (downloading / commit_dir.name).exists():
+                shutil.rmtree(commit_dir, ignore_errors=True)
+        if not any(d.exists() for d in commits) and not downloading.exists():
+            shutil.rmtree(repo_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                repo_dir.parent.rmdir()  # its organisation's folder, when it was the last repo there
 
     def commit_of(self, ref: HubRef) -> str | None:
         revision = ref.revision or "main"

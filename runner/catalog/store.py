@@ -99,6 +99,9 @@ class ModelStore:
                 path.unlink()
             except OSError as exc:
                 raise CatalogError(f"cannot remove {path}: {exc.strerror or exc}") from None
+        hub_ref = self.hub_ref(name)
+        if hub_ref is not None:
+            hub.HubCache(self.root).forget_empty(hub_ref.repo)
         return paths
 
     def files_of(self, name: str) -> list[Path]:

@@ -140,6 +140,9 @@ def test_pull_by_repo_quant_file_and_revision(fake_hub: FakeHub, tiny_files: dic
                       f"hf.co/org/tiny-GGUF/tiny-Q8_0.gguf@{V1}"]  # (v1's had main's name)
     assert main(["rm", listed[2]]) == 0
     assert not (cache / V1 / "tiny-Q8_0.gguf").exists() and (cache / MAIN / "tiny-Q8_0.gguf").exists()
+    assert not (cache / V1).exists()  # its listing went with its last model (it stayed, with refs/)
+    assert main(["rm", listed[0]]) == 0 and main(["rm", listed[1]]) == 0
+    assert not cache.exists()  # the repository's last model: nothing of it is left
 
 
 def test_a_split_model_is_fetched_whole_and_loaded_from_its_first_part(fake_hub: FakeHub) -> None:
