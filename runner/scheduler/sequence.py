@@ -37,8 +37,8 @@ class Sequence:
         self.group: Group[Sequence] = ALONE
         self._is_prompt_computed = False
         self._prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent (they ride on the next event)
-        # generated tokens' logprobs not yet sent, each with where its text starts (its text is held)
-        self._unsent_logprobs: list[tuple[int, TokenLogprob]] = []
+        # generated tokens' logprobs not yet sent, each with where its text starts and ends (it is held)
+        self._unsent_logprobs: list[tuple[int, int, TokenLogprob]] = []
 
     @property
     def is_prompt_computed(self) -> bool:
@@ -79,10 +79,19 @@ class Sequence:
         token's logprob waits with its text while that could begin a stop string, and goes with it
         when the stop string cuts it."""
         n_released = self.detokenizer.n_released
-        out = tuple(lp for start, lp in self._unsent_logprobs if start < n_released)
+        out = tuple(lp for start, _, lp in self._unsent_logprobs if start < n_released)
         if out:
             self._unsent_logprobs = self._unsent_logprobs[len(out):]
         return out
+
+    def _last_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """At the end, every logprob still held, but those of a stop string's tokens (text at or
+        past the cut; a token without text just before it stays)."""
+        held, self._unsent_logprobs = self._unsent_logprobs, []
+        if self.detokenizer.stop_hit is None:
+            return tuple(lp for _, _, lp in held)
+        cut = self.detokenizer.n_released
+        return tuple(lp for start, end, lp in held if start < cut or start == end == cut)
 
     def _take_prompt_logprobs(self) -> tuple[TokenLogprob, ...]:
         if not self._prompt_logprobs:  # (the usual case, every token)
@@ -123,9 +132,10 @@ class Sequence:
         if not is_draft:  # verify() already recorded accepted drafts
             self.sampler.accept(token_id)
         self.output_ids.append(token_id)
-        if logprob is not None:
-            self._unsent_logprobs.append((self.detokenizer.n_decoded, logprob))
+        start = self.detokenizer.n_decoded
         text = self.detokenizer.push(token_id)
+        if logprob is not None:
+            self._unsent_logprobs.append((start, self.detokenizer.n_decoded, logprob))
         event = StreamEvent(self.request_id, text, (token_id,), (is_draft,), self._take_logprobs(),
                             prompt_logprobs=self._take_prompt_logprobs())
         if self.detokenizer.is_stopped:
@@ -141,8 +151,7 @@ class Sequence:
             return
         self.finish_reason = reason
         text = (last.text if last else "") + self.detokenizer.flush()  # text held back for a stop string
-        logprobs = (last.logprobs if last else ()) + self._take_logprobs()
-        self._unsent_logprobs.clear()  # (a stop string's tokens: their text was cut)
+        logprobs = (last.logprobs if last else ()) + self._last_logprobs()
         self.sink(StreamEvent(
             self.request_id, text,
             last.token_ids if last else (), last.drafted if last else (), logprobs,
