@@ -193,6 +193,9 @@ class HubCache:
         repository left without one goes whole (its refs, what a download left)."""
         repo_dir = self.repo_dir(repo)
         downloading = repo_dir / ".download"  # (a pull under way or one to resume: its commit stays)
+        for folder in [*sorted(downloading.glob("*"), reverse=True), downloading]:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # (only an empty one goes)
         commits = [d for d in repo_dir.glob("*") if d.is_dir() and _COMMIT.match(d.name)]
         for commit_dir in commits:
             if not any(commit_dir.rglob("*.gguf")) and not (downloading / commit_dir.name).exists():
@@ -247,8 +250,9 @@ class HubCache:
         paths = [self.path(ref.repo, commit, p.name) for p in parts]
         return paths if all(p.exists() for p in paths) else None
 
-    def partials(self, ref: HubRef) -> list[Path]:
-        """What interrupted downloads of what `ref` means left (resumable, or removed by `runner rm`)."""
+    def interrupted_download(self, ref: HubRef) -> list[Path]:
+        """What an interrupted pull of what `ref` means left, for `runner rm`: its finished parts,
+        its partial file and that file's lock (none: no such pull; PullError: a pull is writing it)."""
         commit = self.commit_of(ref)
         listing = self.listing(ref.repo, commit) if commit else None
         if commit is None or listing is None:
@@ -258,7 +262,14 @@ class HubCache:
         except PullError:
             return []
         staging = self.repo_dir(ref.repo) / ".download" / commit
-        return [f for f in (staging / (p.name + ".partial") for p in parts) if f.exists()]
+        partials = [f for f in (staging / (p.name + ".partial") for p in parts) if f.exists()]
+        if not partials:
+            return []
+        for partial in partials:
+            _check_no_pull_writes(partial, ref)
+        finished = [f for f in (self.path(ref.repo, commit, p.name) for p in parts) if f.exists()]
+        locks = [f for f in (p.with_name(p.name + ".lock") for p in partials) if f.exists()]
+        return finished + partials + locks
 
     def projector(self, ref: HubRef) -> Path | None:
         """The cached projector of what `ref` means (None: its repo has none, or it is not cached)."""
@@ -299,8 +310,10 @@ class HubCache:
                 if split:
                     stem = path.name[: split.start()]
                     parts = [path.with_name(f"{stem}-{i:05d}-of-{split[2]}.gguf") for i in range(1, int(split[2]) + 1)]
+                if not all(p.exists() for p in parts):  # a split whose pull stopped midway: not a model yet
+                    continue
                 name = f"hf.co/{org}/{repo}/{path.relative_to(commit_dir).as_posix()}"
-                out.append((name if on_main else f"{name}@{commit_dir.name}", [p for p in parts if p.exists()]))
+                out.append((name if on_main else f"{name}@{commit_dir.name}", parts))
         return out
 
 
@@ -378,13 +391,7 @@ def search(text: str, limit: int = 10) -> list[Found]:
         raise PullError("nothing to search for: give a few words of the model's name")
     if limit < 1:
         raise PullError(f"--limit must be at least 1, got {limit}")
-    url = urllib.parse.urlsplit(endpoint())
-    try:  # (huggingface_hub retries a listing for 24 s when offline: a lookup or connect fails at once)
-        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=_CONNECT_CHECK_S).close()
-    except OSError as exc:
-        raise PullError(f"no network: cannot reach {endpoint()} ({exc.strerror or type(exc).__name__}); "
-                        "searching needs the Hub") from None
+    _check_reachable(endpoint())
     api = HfApi(endpoint=endpoint(), token=_token())
     ref = HubRef(text)
     try:
@@ -401,6 +408,22 @@ def search(text: str, limit: int = 10) -> list[Found]:
                          for parts in _models(files)), key=lambda q: q[1])
         found.append(Found(hit.id, int(getattr(hit, "downloads", 0) or 0), quants))
     return found
+
+
+def _check_reachable(url_text: str) -> None:
+    """PullError at once when the Hub cannot be reached (huggingface_hub retries a listing for 24 s
+    when offline); not checked through a proxy, which only the proxy can tell."""
+    import urllib.request
+
+    url = urllib.parse.urlsplit(url_text)
+    if urllib.request.getproxies().get(url.scheme):
+        return
+    try:
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=_CONNECT_CHECK_S).close()
+    except OSError as exc:
+        raise PullError(f"no network: cannot reach {url_text} ({exc.strerror or type(exc).__name__}); "
+                        "searching needs the Hub") from None
 
 
 def _token() -> str | None:
@@ -550,6 +573,21 @@ def _only_download_of(partial: Path) -> Iterator[None]:
         if not partial.exists():  # done or discarded: nothing for a later pull to resume
             lock_path.unlink(missing_ok=True)
         lock.close()
+
+
+def _check_no_pull_writes(partial: Path, ref: HubRef) -> None:
+    """PullError when a pull holds this partial file's lock (it is writing it)."""
+    import fcntl
+
+    try:
+        lock = partial.with_name(partial.name + ".lock").open("r")
+    except OSError:
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PullError(f"a pull of {ref.text} is under way; let it finish or stop it first") from None
 
 
 def _remove_empty(staging: Path) -> None:

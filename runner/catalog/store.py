@@ -109,11 +109,13 @@ class ModelStore:
         Hub repo's last model, its projector and EAGLE3 head (CatalogError: not cached)."""
         hub_ref = self.hub_ref(name)
         if hub_ref is not None:
-            paths = hub.HubCache(self.root).cached_parts(hub_ref) or hub.HubCache(self.root).partials(hub_ref)
+            cache = hub.HubCache(self.root)
+            paths = cache.cached_parts(hub_ref)
             if not paths:
-                raise CatalogError(f"'{name}' is not in the cache ({self.root})")
-            if paths[0].suffix == ".partial":  # only what an interrupted download left
-                return paths
+                left = cache.interrupted_download(hub_ref)  # (PullError: a pull is writing it)
+                if not left:
+                    raise CatalogError(f"'{name}' is not in the cache ({self.root})")
+                return left
         elif not self.catalog.is_name(name) and Path(name).name == name and (self.root / name).is_file():
             paths = [self.root / name]  # a file in the cache the catalog does not know (as `runner list` names it)
         else:

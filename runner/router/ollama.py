@@ -94,8 +94,9 @@ async def delete(state: RouterState, request: Request) -> Response:
     store = state.store
     assert store is not None
     files = await asyncio.to_thread(ollama_pulls.files_to_delete, store, name)
-    models = [status.model for status in state.pool.statuses()]
-    users = await asyncio.to_thread(lambda: {m.name for m in models if shares_a_file(files, _files_of(store, m))})
+    running = [status.model for status in state.pool.statuses()
+               if status.state in (ModelState.LOADED, ModelState.LOADING)]
+    users = await asyncio.to_thread(lambda: {m.name for m in running if shares_a_file(files, _files_of(store, m))})
     for served in sorted(users | {n for n in [state.pool.name_of(name)] if n is not None}):
         try:
             await state.pool.unload(served)
@@ -106,14 +107,21 @@ async def delete(state: RouterState, request: Request) -> Response:
 
 
 def _files_of(store: ModelStore, model: ServableModel) -> list[Path]:
-    """The cached files a servable model runs on (its first file and projector; none if not cached)."""
+    """The cached files a servable model runs on: its first file, its projector, its draft model
+    (what of them is cached)."""
+    files = []
     try:
-        path, _ = store.resolve(model.source, pull_missing=False)
+        path, ref = store.resolve(model.source, pull_missing=False)
+        files.append(path)
         projector = (store.resolve(model.options.mmproj, pull_missing=False)[0] if model.options.mmproj
                      else store.projector_of(model.source))
+        files += [projector] if projector is not None else []
+        draft = model.options.draft or (ref.entry.draft if ref is not None else "")
+        if draft and draft != "ngram":
+            files.append(store.resolve(draft, pull_missing=False)[0])
     except RunnerError:
-        return []
-    return [path, *([projector] if projector is not None else [])]
+        pass
+    return files
 
 
 def _body(raw: bytes) -> dict:

@@ -144,10 +144,15 @@ class EngineThread:
         try:
             self.engine.submit_group(command.requests, command.sinks)
         except QueueFullError as exc:  # the queue filled between the check and now
-            _fail(command, str(exc))
+            self._fail_unsubmitted(command, str(exc))
         except Exception as exc:  # noqa: BLE001
             self._report(exc)
-            _fail(command, f"internal error: {exc}")
+            self._fail_unsubmitted(command, f"internal error: {exc}")
+
+    def _fail_unsubmitted(self, command: _Submit, message: str) -> None:
+        """End a submit the engine refused, counted as the engine counts its own failures."""
+        self.engine.stats.n_finished[FinishReason.ERROR] += len(command.requests)
+        _fail(command, message)
 
     def _report(self, exc: BaseException) -> None:
         if self._on_error:

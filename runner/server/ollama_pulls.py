@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from runner.catalog import hub
 from runner.catalog.pull import pull
 from runner.catalog.store import ModelStore
-from runner.core.errors import RunnerError
+from runner.core.errors import PullError, RunnerError
 from runner.server.errors import ApiError, invalid
 
 HEARTBEAT_S = 1.0  # a progress object at least this often while a pull runs (a client waits on the stream)
@@ -76,6 +76,8 @@ def files_to_delete(store: ModelStore, name: str) -> list[Path]:
     """What deleting `name` removes (404 when it is not cached)."""
     try:
         return store.files_of(name)
+    except PullError as exc:  # a pull of it is under way
+        raise ApiError(409, str(exc), code="pull_in_progress") from None
     except RunnerError as exc:
         raise ApiError(404, f"model '{name}' not found: {exc}", code="not_found") from None
 

@@ -468,3 +468,24 @@ def test_a_download_that_stalls_says_how_far_it_came_and_how_to_resume(fake_hub:
     line = err.strip().splitlines()[-1]
     assert proc.returncode == 1 and line.startswith("runner: error: the download of big-Q4_K_M.gguf stopped at "), err
     assert line.endswith("of 25.2 MB (ReadTimeout); what came is kept: `runner pull hf.co/org/big-GGUF` resumes it")
+
+
+def test_rm_takes_what_an_interrupted_split_pull_left_unless_a_pull_is_writing_it(
+        fake_hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
+    import fcntl
+
+    assert main(["pull", "hf.co/org/tiny-GGUF:F32"]) == 0
+    store = ModelStore()
+    repo = store.root / "hf" / "org" / "tiny-GGUF"
+    last = repo / MAIN / "tiny-F32-00003-of-00003.gguf"
+    partial = repo / ".download" / MAIN / (last.name + ".partial")
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(last.read_bytes()[:100])  # the third part stopped midway
+    last.unlink()
+    assert store.cached() == []  # not a model yet (its first two parts were listed as one)
+    with partial.with_name(partial.name + ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a pull is writing it
+        assert main(["rm", "hf.co/org/tiny-GGUF:F32"]) == 1
+        assert "a pull of hf.co/org/tiny-GGUF:F32 is under way" in capsys.readouterr().err
+    assert main(["rm", "hf.co/org/tiny-GGUF:F32"]) == 0  # (it took the partial alone, and listed the rest)
+    assert not repo.exists()

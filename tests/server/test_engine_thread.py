@@ -61,6 +61,8 @@ def test_a_submit_that_raises_fails_alone_and_the_engine_keeps_serving() -> None
         assert good.final().finish_reason is FinishReason.LENGTH
         assert [t for e in good.events for t in e.token_ids] == [8, 9, 10]
         assert thread.is_alive and len(errors) == 1
+        finished = dict(thread.snapshot().n_finished)  # (the refused submit was not counted)
+        assert (finished["error"], finished["length"]) == (1, 1)
     finally:
         thread.stop()
 
