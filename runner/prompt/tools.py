@@ -71,10 +71,43 @@ def fallback_system_prompt(tools: list[Tool]) -> str:
 
 
 def _call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
-    options = [{"type": "object", "properties": {"name": {"const": t.name},
-                                                 arguments_key: closed_objects(t.parameters) or {"type": "object"}},
-                "required": ["name", arguments_key], "additionalProperties": False} for t in tools]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    options, definitions = [], {}
+    for i, tool in enumerate(tools):
+        parameters, defs = _hoisted(closed_objects(tool.parameters) or {"type": "object"}, f"tool{i}_")
+        definitions.update(defs)
+        options.append({"type": "object", "properties": {"name": {"const": tool.name}, arguments_key: parameters},
+                        "required": ["name", arguments_key], "additionalProperties": False})
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": definitions} if definitions else schema
+
+
+_DEFINITIONS = ("$defs", "definitions")
+
+
+def _hoisted(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
+    """A tool's parameters nested inside the call's schema, whose root-relative references
+    (#/$defs/X, #/definitions/X: pydantic's models, the Agents SDK's tools) would point at the
+    call's root: the schema without its definitions, references renamed, and the definitions
+    renamed, for the call's root to hold."""
+    if not isinstance(schema, dict):
+        return schema, {}
+
+    def renamed(node: Any) -> Any:
+        if isinstance(node, list):
+            return [renamed(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: renamed(v) for k, v in node.items()}
+        ref = node.get("$ref")
+        for base in ("#/$defs/", "#/definitions/"):
+            if isinstance(ref, str) and ref.startswith(base):
+                out["$ref"] = "#/$defs/" + prefix + ref[len(base):]
+        return out
+
+    definitions = {name: d for key in _DEFINITIONS if isinstance(schema.get(key), dict)
+                   for name, d in schema[key].items()}
+    body = {k: v for k, v in schema.items() if k not in _DEFINITIONS}
+    return renamed(body), {prefix + name: renamed(d) for name, d in definitions.items()}
 
 
 def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None) -> str:

@@ -130,3 +130,36 @@ def test_a_tool_schema_keyword_the_grammar_cannot_enforce_is_left_unenforced_not
     for events in finished:
         _, calls = parse_calls(syntax, "".join(e.text for e in events), [task])
         assert len(calls) == 1 and len(json.loads(calls[0].arguments)["subject"]) <= 6
+
+
+ITEMS = Tool("add_items", "items to a list", {  # as pydantic writes a model's nested model (the Agents SDK's tools)
+    "type": "object", "$defs": {"Item": {"type": "object", "properties": {"name": {"type": "string"}},
+                                         "required": ["name"]}},
+    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}}, "required": ["items"]})
+
+
+def _call_text(syntax: str, calls: list[tuple[str, dict]]) -> str:
+    """Calls in each family's syntax (Hermes: blocks; Mistral: one list)."""
+    key = "parameters" if syntax == LLAMA3 else "arguments"
+    objects = [json.dumps({"name": name, key: arguments}) for name, arguments in calls]
+    if syntax == MISTRAL:
+        return "[TOOL_CALLS][" + ", ".join(objects) + "]"
+    if syntax == LLAMA3:
+        return objects[0]
+    return "".join(f"<tool_call>{o}</tool_call>" for o in objects)
+
+
+def _n_valid(loaded: LoadedModel, grammar: str, text: str) -> tuple[int, int]:
+    ids = loaded.model.tokenize(text, add_special=False, parse_special=False)
+    return loaded.compile_constraint(GrammarSpec("lark", grammar, "tools")).n_valid(ids), len(ids)
+
+
+def test_a_tool_schema_with_definitions_compiles_and_is_enforced(family: tuple[str, LoadedModel]) -> None:
+    """Its #/$defs/... references pointed at the call's root, where nothing was: a 400 in every mode."""
+    syntax, loaded = family
+    grammar = call_grammar(syntax, [WEATHER, ITEMS], syntax != LLAMA3, JSON_LAYOUT)
+    n_valid, n = _n_valid(loaded, grammar, _call_text(syntax, [("add_items", {"items": [{"name": "apple"}]})]))
+    assert n_valid == n
+    n_valid, n = _n_valid(loaded, grammar, _call_text(syntax, [("add_items", {"items": [{"nom": "apple"}]})]))
+    assert n_valid < n  # the definition is enforced, not dropped
+
