@@ -157,10 +157,16 @@ def parse_calls(syntax: str, text: str, tools: list[Tool]) -> tuple[str, list[To
         if blocks:
             calls = _calls_from([json.loads(b) for b in blocks], "arguments", names)
             if calls:
-                return _HERMES_BLOCK.sub("", text).strip(), calls
+                return _before_a_cut_call(_HERMES_BLOCK.sub("", text)).strip(), calls
     except (json.JSONDecodeError, TypeError, AttributeError):
         pass
-    return text, []
+    return _before_a_cut_call(text) if syntax == HERMES else text, []
+
+
+def _before_a_cut_call(text: str) -> str:
+    """The text before a call that never closed (the reply was cut inside it): not content."""
+    cut = text.rfind("<tool_call>")
+    return text if cut < 0 or "</tool_call>" in text[cut:] else text[:cut]
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ def test_each_family_is_told_by_its_template() -> None:
     (HERMES, "Just text, no call.", ("Just text, no call.", [])),
     (HERMES, '<tool_call>{"name": "delete_everything", "arguments": {}}</tool_call>', None),  # not offered
     (LLAMA3, '{"name": "add", "parameters": {"a": 1', None),  # cut off
+    # cut inside a call (max_tokens): its markup is not content (it leaked beside the calls read)
+    (HERMES, '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{"name": "get_w',
+     ("", [("add", {"a": 1, "b": 2})])),
+    (HERMES, 'Let me look.\n<tool_call>{"name": "get_weather", "argu', ("Let me look.\n", [])),
 ])
 def test_calls_are_read_back_from_each_syntax(syntax: str, text: str, want) -> None:
     content, calls = parse_calls(syntax, text, [WEATHER, ADD])
