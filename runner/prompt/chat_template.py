@@ -100,6 +100,17 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn that called functions
     tool_call_id: str | None = None  # a tool turn: the call it answers
 
+    def written_out(self) -> Message:
+        """For a template that knows no tools (it would drop them): an assistant's calls written into
+        its content in the syntax the fallback system prompt teaches, a tool's result marked as one."""
+        if self.tool_calls:
+            blocks = "".join("<tool_call>" + json.dumps({"name": c.name, "arguments": _arguments_object(c.arguments)},
+                                                        ensure_ascii=False) + "</tool_call>" for c in self.tool_calls)
+            return Message(self.role, self.content + ("\n" if self.content else "") + blocks)
+        if self.role == "tool":
+            return Message(self.role, f"<tool_response>{self.content}</tool_response>")
+        return self
+
     def as_template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it (arguments as objects, as Hugging Face's do)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -151,10 +162,17 @@ class ChatTemplate:
     def knows_tools(self) -> bool:
         return template_knows_tools(None if self.is_fallback else self.source)
 
+    @property
+    def renders_calls(self) -> bool:
+        """Whether it writes an assistant's tool_calls (else they are written into its content)."""
+        return not self.is_fallback and "tool_calls" in self.source
+
     def render(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[Tool] | None = None) -> str:
         """The prompt text; TemplateLimitError past render_timeout_s or MAX_RENDER_CHARS.
 
         Tools go to a template that knows them; otherwise they are described in a system message."""
+        if not self.renders_calls:
+            messages = [m.written_out() for m in messages]
         if tools and not self.knows_tools:
             messages = [Message("system", fallback_system_prompt(tools)), *messages]
         extra = {"tools": [t.as_openai() for t in tools]} if tools and self.knows_tools else {}

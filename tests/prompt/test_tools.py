@@ -74,6 +74,17 @@ def test_a_template_that_knows_tools_renders_them_and_one_that_does_not_gets_a_s
     plain = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     text = plain.render([Message("user", "hi")], tools=[WEATHER])
     assert text.startswith("system: You can call these functions.") and '"name": "get_weather"' in text
+
+
+def test_a_template_that_knows_no_tools_still_shows_earlier_calls_and_their_results() -> None:
+    """It rendered an assistant's calls as an empty turn: over a tool loop the model (SmolLM2, the
+    default) never saw what it had called."""
+    plain = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    called = Message("assistant", "", (ToolCall("call_1", "add", '{"a": 4, "b": 5}'),))
+    text = plain.render([Message("user", "4+5?"), called, Message("tool", "9", tool_call_id="call_1")],
+                        add_generation_prompt=False, tools=[ADD])
+    assert text.endswith('user: 4+5?\nassistant: <tool_call>{"name": "add", "arguments": {"a": 4, "b": 5}}'
+                         "</tool_call>\ntool: <tool_response>9</tool_response>\n")
     assert "<tool_call>" in text
 
 
