@@ -75,8 +75,10 @@ def _turns(index: int, message: Any, images: ImageParts) -> list[Message]:
         elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
             calls.append(ToolCall(str(block.get("id", "")), block["name"], json.dumps(block.get("input", {}))))
         elif kind == "tool_result" and role == "user" and isinstance(block.get("tool_use_id"), str):
-            results.append(Message("tool", _text_of(block.get("content", ""), f"{where}.content.{j}.content"),
-                                   tool_call_id=block["tool_use_id"]))
+            result = _text_of(block.get("content", ""), f"{where}.content.{j}.content")
+            if block.get("is_error") is True:  # (else the model cannot tell a failure from a result)
+                result = f"Error: {result}"
+            results.append(Message("tool", result, tool_call_id=block["tool_use_id"]))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
         elif kind == "image":

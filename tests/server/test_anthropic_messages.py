@@ -35,6 +35,9 @@ def test_a_body_becomes_the_internal_chat_request() -> None:
     assert params.messages[3].tool_call_id == "toolu_1"
     assert (params.common.max_tokens, params.common.stop, params.tool_choice) == (9, ("##",), "required")
     assert (params.common.sampling.temperature, params.common.sampling.top_k) == (0.5, 5)
+    failed = parse_messages({"model": MODEL, "max_tokens": 9, "messages": [*ASK, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "city unknown", "is_error": True}]}]})
+    assert failed.messages[-1].content == "Error: city unknown"  # (it read as a result)
 
 
 @pytest.mark.parametrize(("fields", "shown", "budget"), [
