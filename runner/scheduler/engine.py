@@ -74,7 +74,7 @@ class Engine:
     def submit_group(self, requests: list[GenerationRequest], sinks: list[EventSink]) -> list[Sequence]:
         """Several generations of one prompt (n choices): the first computes the prompt, the others
         start from a copy of its KV once it is there, each in its own slot with its own sampler."""
-        seqs = [Sequence(r, self.stats.counting_finishes(sink), self.vocab.token_bytes, self.vocab.eog_ids)
+        seqs = [Sequence(r, sink, self.vocab.token_bytes, self.vocab.eog_ids, self.stats.count_finish)
                 for r, sink in zip(requests, sinks, strict=True)]
         group = self._group(seqs)
         for seq in seqs:

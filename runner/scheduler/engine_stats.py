@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runner.scheduler.batch import BatchPlan, MediaRow
-from runner.scheduler.request import EventSink, FinishReason, StreamEvent
+from runner.scheduler.request import FinishReason
 from runner.scheduler.step_times import StepTimes
 
 
@@ -22,13 +22,9 @@ class EngineStats:
     step_times: StepTimes = field(default_factory=StepTimes)  # the scheduler's: it plans prefills by them
     n_finished: dict[FinishReason, int] = field(default_factory=lambda: dict.fromkeys(FinishReason, 0))
 
-    def counting_finishes(self, sink: EventSink) -> EventSink:
-        """sink, with each generation's end counted by its reason (stop, length, cancelled, error)."""
-        def counted(event: StreamEvent) -> None:
-            if event.finish_reason is not None:
-                self.n_finished[event.finish_reason] += 1
-            sink(event)
-        return counted
+    def count_finish(self, reason: FinishReason) -> None:
+        """A generation ended (Sequence.finish, where every one ends)."""
+        self.n_finished[reason] += 1
 
     def record_media(self, row: MediaRow) -> None:
         """An image span went into its slot's KV (its positions count as computed prompt)."""

@@ -20,9 +20,11 @@ class Sequence:
         sink: EventSink,
         token_bytes: Callable[[int], bytes],
         eog_ids: frozenset[int],
+        on_finish: Callable[[FinishReason], None] | None = None,  # (the engine's count of ends, by reason)
     ) -> None:
         self.request = request
         self.sink = sink
+        self._on_finish = on_finish
         self.sampler = Sampler(request.sampling, list(request.prompt_ids), request.constraint)
         self.detokenizer = Detokenizer(token_bytes, request.stop)
         self.eog_ids = frozenset() if request.ignore_eos else eog_ids
@@ -150,6 +152,8 @@ class Sequence:
         if self.is_finished:
             return
         self.finish_reason = reason
+        if self._on_finish is not None:
+            self._on_finish(reason)
         text = (last.text if last else "") + self.detokenizer.flush()  # text held back for a stop string
         logprobs = (last.logprobs if last else ()) + self._last_logprobs()
         self.sink(StreamEvent(
