@@ -193,9 +193,7 @@ class HubCache:
         repository left without one goes whole (its refs, what a download left)."""
         repo_dir = self.repo_dir(repo)
         downloading = repo_dir / ".download"  # (a pull under way or one to resume: its commit stays)
-        for folder in [*sorted(downloading.glob("*"), reverse=True), downloading]:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # (only an empty one goes)
+        _remove_empty(downloading)
         commits = [d for d in repo_dir.glob("*") if d.is_dir() and _COMMIT.match(d.name)]
         for commit_dir in commits:
             if not any(commit_dir.rglob("*.gguf")) and not (downloading / commit_dir.name).exists():
@@ -515,7 +513,7 @@ def _download(ref: HubRef, commit: str, part: HubFile, cache: HubCache, quiet: b
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(partial, target)
     finally:
-        _remove_empty(staging)
+        _remove_empty(staging.parent)
     return target
 
 
@@ -590,14 +588,12 @@ def _check_no_pull_writes(partial: Path, ref: HubRef) -> None:
             raise PullError(f"a pull of {ref.text} is under way; let it finish or stop it first") from None
 
 
-def _remove_empty(staging: Path) -> None:
-    """Drop the .download folders a finished pull leaves empty (one that holds another pull's lock
-    or partial file stays)."""
-    for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), reverse=True) + [staging, staging.parent]:
-        try:
+def _remove_empty(downloading: Path) -> None:
+    """Drop the folders under a repository's .download (and it) that pulls have left empty (one that
+    holds another pull's lock or partial file stays)."""
+    for folder in sorted((p for p in downloading.rglob("*") if p.is_dir()), reverse=True) + [downloading]:
+        with contextlib.suppress(OSError):
             folder.rmdir()
-        except OSError:
-            pass
 
 
 def _sha256(path: Path) -> str:
