@@ -80,6 +80,8 @@ class Sequence:
         """The generated tokens' logprobs whose text has been given out (some of it, at least): a
         token's logprob waits with its text while that could begin a stop string, and goes with it
         when the stop string cuts it."""
+        if not self._unsent_logprobs:  # (the usual case: no logprobs asked for)
+            return ()
         n_released = self.detokenizer.n_released
         out = tuple(lp for start, _, lp in self._unsent_logprobs if start < n_released)
         if out:
