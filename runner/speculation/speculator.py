@@ -93,6 +93,14 @@ class Shadow:
         return len(out), n_common(self.draft_ids, self.seq.output_ids, len(out), self.mark)
 
 
+def _n_proposed(records: dict[Kind, Acceptance]) -> int:
+    return sum(sum(r.proposed) for r in records.values())
+
+
+def _n_accepted(records: dict[Kind, Acceptance]) -> int:
+    return sum(sum(r.accepted) for r in records.values())
+
+
 @dataclass
 class SlotSpec:
     request_id: str | None = None
@@ -105,11 +113,11 @@ class SlotSpec:
 
     @property
     def n_proposed(self) -> int:
-        return sum(sum(r.proposed) for r in self.records.values())
+        return _n_proposed(self.records)
 
     @property
     def n_accepted(self) -> int:
-        return sum(sum(r.accepted) for r in self.records.values())
+        return _n_accepted(self.records)
 
 
 class Speculator:
@@ -138,11 +146,11 @@ class Speculator:
 
     @property
     def n_proposed(self) -> int:
-        return sum(sum(r.proposed) for r in self.records.values())
+        return _n_proposed(self.records)
 
     @property
     def n_accepted(self) -> int:
-        return sum(sum(r.accepted) for r in self.records.values())
+        return _n_accepted(self.records)
 
     def counts(self) -> DraftCounts:
         slots = tuple(SlotDrafts(s.k, s.n_proposed, s.n_accepted) for s in self.slots)
