@@ -93,17 +93,21 @@ def stream_events(start: Callable[[], Generator[StreamEvent, None, None]], out: 
     n_tokens = n_drafted = 0
     with _StopFlag() as stop:
         events = start()
-        for event in events:
-            if event.token_ids and ttft is None:
-                ttft = time.perf_counter() - started
-            n_tokens += len(event.token_ids)
-            n_drafted += sum(event.drafted)
-            parts.append(event.text)
-            out.write(event.text)
-            out.flush()
-            if stop.is_set:
-                events.close()  # cancels the request and frees its slot
-                break
+        try:
+            for event in events:
+                if event.token_ids and ttft is None:
+                    ttft = time.perf_counter() - started
+                n_tokens += len(event.token_ids)
+                n_drafted += sum(event.drafted)
+                parts.append(event.text)
+                out.write(event.text)
+                out.flush()
+                if event.error is not None:
+                    raise RunnerError(event.error)
+                if stop.is_set:
+                    break
+        finally:
+            events.close()  # (stopped, or the output closed: cancels the request and frees its slot)
     return "".join(parts), ReplyStats(n_tokens, time.perf_counter() - started, ttft, stop.is_set, n_drafted)
 
 
@@ -199,6 +203,6 @@ def attach_image(convo: Conversation, runner: Runner, path_text: str, kind: str 
 def run_piped(runner: Runner, system: str | None, images: Sequence[Path] = (), **kwargs: Any) -> int:
     convo = Conversation(system, attached=list(images))
     convo.ask(sys.stdin.read())
-    stream_reply(runner, convo.messages(), sys.stdout, convo.images, **kwargs)
+    _, stats = stream_reply(runner, convo.messages(), sys.stdout, convo.images, **kwargs)
     print()
-    return 0
+    return 130 if stats.was_stopped else 0  # (as `runner run`'s)

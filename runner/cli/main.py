@@ -92,6 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if args.image and (args.raw or args.beams):
         raise RunnerError("--image goes into a chat prompt: not with --raw or --beams")
+    if args.json_schema is not None and args.grammar is not None:
+        raise RunnerError("--json-schema and --grammar: give one of them, not both")
     if args.beams and (args.json_schema is not None or args.grammar is not None or args.stop):
         raise RunnerError("--beams ranks whole continuations: not with --json-schema, --grammar or --stop")
     if args.beams:

@@ -67,13 +67,15 @@ def span(lo: float | None, hi: float | None) -> str:
 
 
 PORT = in_range(int, 0, 65535)
+MIN_CTX_SIZE = 32  # a slot's context: a few turns' worth of tokens at the least
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     parallel: int = _opt(4, "KV slots = requests decoded at once (one llama.cpp sequence each)", lo=1)
-    ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)")
-    batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks)")
+    ctx_size: int = _opt(4096, "context tokens per slot (total KV = parallel x ctx-size)", lo=MIN_CTX_SIZE)
+    batch_size: int = _opt(512, "tokens per engine step (decode rows + prompt chunks); at least --parallel",
+                           lo=2)
     threads: int = _opt(physical_cores(), "CPU threads for llama.cpp", lo=1)
     n_gpu_layers: str = _opt("auto", "layers on the GPU of a CUDA/Metal build: auto (as many as its free memory holds, "
                                      "leaving 1 GiB), a number, or -1 (all); none without a GPU",
@@ -118,9 +120,16 @@ class EngineOptions:
 
     def __post_init__(self) -> None:  # (the flags check these first; this is for the Python API)
         for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None and getattr(self, f.name) not in choices:
+                named = ", ".join(repr(c) for c in choices)
+                raise OptionError(f"{_flag(f)} must be one of {named}; got {getattr(self, f.name)!r}")
             lo, hi = f.metadata.get("range", (None, None))
             if isinstance(getattr(self, f.name), (int, float)) and not is_within(getattr(self, f.name), lo, hi):
                 raise OptionError(f"{_flag(f)} must be {span(lo, hi)}, got {getattr(self, f.name)}")
+        if self.batch_size < self.parallel:  # (llama.cpp would abort on a step with every slot's next token)
+            raise OptionError(f"--batch-size must be at least --parallel ({self.parallel}): every slot's next "
+                              f"token goes into one step; got {self.batch_size}")
 
 
 def flash_attention(options: EngineOptions) -> str:

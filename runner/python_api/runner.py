@@ -27,9 +27,9 @@ from runner.model.request_builder import (
     generation_request,
     reply_length,
 )
-from runner.prompt.chat_template import Message
+from runner.prompt.chat_template import ROLES, Message
 from runner.sampling.constraints import Constraint, GrammarSpec
-from runner.sampling.params import SamplingParams
+from runner.sampling.params import SamplingParams, checked_sampling
 from runner.scheduler.engine import Engine
 from runner.scheduler.request import BeamParams, GenerationRequest, StreamEvent
 
@@ -45,6 +45,7 @@ class BeamReply:
 
 
 def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
+    """The conversation as Messages (a role the server would refuse, or none at all: InputError)."""
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, Message):
@@ -53,12 +54,31 @@ def _messages(messages: list[dict[str, str]] | list[Message]) -> list[Message]:
             out.append(Message(m["role"], m["content"]))
         else:
             raise InputError(f"messages[{i}] must be a Message or {{'role': str, 'content': str}}, got {m!r:.80}")
+        if out[-1].role not in ROLES:
+            raise InputError(f"messages[{i}]'s role must be one of {', '.join(ROLES)}; got {out[-1].role!r:.40}")
+        if out[-1].role == "developer":  # (OpenAI's newer name for the system prompt, as the server takes it)
+            out[-1] = dataclasses.replace(out[-1], role="system")
+    if not out:
+        raise InputError("messages is empty: give at least one message")
     return out
+
+
+def _text(events: list[StreamEvent] | Iterator[StreamEvent]) -> str:
+    """A reply's text (RunnerError: its generation failed, e.g. a grammar or sampling error)."""
+    parts = []
+    for event in events:
+        if event.error is not None:
+            raise RunnerError(event.error)
+        parts.append(event.text)
+    return "".join(parts)
 
 
 def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
     """One stop string, or several."""
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise InputError(f"stop must be a text or a list of texts, got {stop!r:.80}")
+    return stops
 
 
 def _step(engine: Engine) -> None:
@@ -79,7 +99,8 @@ class Runner:
         engine_options = EngineOptions(**{"parallel": 1, **options})
         kwargs = {"log": log} if log is not None else {}
         self._loaded: LoadedModel | None = LoadedModel(model, engine_options, **kwargs)
-        self._lock = threading.Lock()  # the engine's: a step, a submit or a cancel at a time
+        self._lock = threading.Lock()  # the engine's: a step, a submit, a cancel or close at a time
+        self._embed_lock = threading.Lock()  # the embedding context's: one batch at a time
 
     @property
     def loaded(self) -> LoadedModel:
@@ -88,10 +109,13 @@ class Runner:
         return self._loaded
 
     def _step_until(self, done: Callable[[], bool]) -> None:
-        """Step the engine (whichever thread's requests it holds) until done() or it has no work left."""
-        engine = self.loaded.engine
-        while not done() and engine.has_work:
+        """Step the engine (whichever thread's requests it holds) until done() or it has no work left
+        (RunnerError: another thread closed the Runner)."""
+        while not done():
             with self._lock:
+                engine = self.loaded.engine
+                if not engine.has_work:
+                    return
                 if not done():
                     _step(engine)
 
@@ -119,12 +143,14 @@ class Runner:
         if not media:
             facts.check_token_ids(prompt_ids)  # (TokenIdError: an id llama_decode would be handed otherwise)
         length = reply_length(max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
-        return generation_request(f"api-{next(_ids)}", prompt_ids, SamplingParams(**sampling), length, _stops(stop),
+        params = checked_sampling(**sampling)
+        facts.check_token_ids([t for t, _ in params.logit_bias])
+        return generation_request(f"api-{next(_ids)}", prompt_ids, params, length, _stops(stop),
                                   self._constraint(json_schema, grammar), media=media)
 
     def _constraint(self, json_schema: dict | str | None, grammar: str | None) -> Constraint | None:
         if json_schema is not None and grammar is not None:
-            raise ValueError("give json_schema or grammar, not both")
+            raise InputError("give json_schema or grammar, not both")
         if json_schema is not None:
             text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
             return self.loaded.compile_constraint(GrammarSpec("json_schema", text, "json_schema"))
@@ -134,10 +160,9 @@ class Runner:
 
     def stream(self, request: GenerationRequest) -> Iterator[StreamEvent]:
         """Yield events as the engine produces them; closing the iterator cancels the request."""
-        engine = self.loaded.engine
         events: list[StreamEvent] = []
         with self._lock:
-            engine.submit(request, events.append)
+            self.loaded.engine.submit(request, events.append)
         finished = False
         try:
             while not finished:
@@ -150,9 +175,21 @@ class Runner:
                     yield event
         finally:
             if not finished:
-                with self._lock:
-                    engine.cancel(request.request_id)
-                self._step_until(lambda: any(e.is_final for e in events))  # (its slot is free then)
+                self._cancel([request], lambda: any(e.is_final for e in events))
+
+    def _cancel(self, requests: list[GenerationRequest], done: Callable[[], bool] | None = None) -> None:
+        """Cancel requests (a Runner closed meanwhile took them with it); `done`: step until it holds
+        (their slots are free then)."""
+        with self._lock:
+            if self._loaded is None:
+                return
+            for request in requests:
+                self._loaded.engine.cancel(request.request_id)
+        if done is not None:
+            try:
+                self._step_until(done)
+            except RunnerError:  # (closed by another thread while stepping: nothing is left to free)
+                pass
 
     def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
                     **kwargs: Any) -> Iterator[StreamEvent]:
@@ -168,7 +205,7 @@ class Runner:
 
     def chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
              **kwargs: Any) -> str:
-        return "".join(e.text for e in self.stream_chat(messages, images, **kwargs))
+        return _text(self.stream_chat(messages, images, **kwargs))
 
     def _image_chunks(self, images: Sequence[bytes | Path]) -> list[Any]:
         """Each image (or audio clip: wav, mp3, flac, told apart from the bytes) as the model's span,
@@ -191,7 +228,7 @@ class Runner:
 
     def complete(self, prompt: str, **kwargs: Any) -> str:
         request = self.request(self.loaded.text_prompt_ids(prompt), **kwargs)
-        return "".join(e.text for e in self.stream(request))
+        return _text(self.stream(request))
 
     def _prompt_ids(self, prompt: str | list[dict[str, str]] | list[Message]) -> tuple[int, ...]:
         """A text prompt as is; messages through the chat template."""
@@ -200,19 +237,19 @@ class Runner:
         return self.loaded.chat_prompt_ids(_messages(prompt))
 
     def _run_group(self, requests: list[GenerationRequest]) -> list[list[StreamEvent]]:
+        """Each request's events (RunnerError: one of them failed)."""
         out: list[list[StreamEvent]] = [[] for _ in requests]
-        engine = self.loaded.engine
         with self._lock:
-            engine.submit_group(requests, [events.append for events in out])
+            self.loaded.engine.submit_group(requests, [events.append for events in out])
         finished = False
         try:
             self._step_until(lambda: all(events and events[-1].is_final for events in out))
             finished = True
         finally:
             if not finished:  # (interrupted: the group ends, not waits for the next call)
-                with self._lock:
-                    for request in requests:
-                        engine.cancel(request.request_id)
+                self._cancel(requests)
+        for events in out:
+            _text(events)
         return out
 
     def choices(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 2, best_of: int | None = None,
@@ -232,7 +269,7 @@ class Runner:
         replies = []
         for events in self._run_group(requests):
             logprobs = [lp.logprob for e in events for lp in e.logprobs]
-            replies.append((sum(logprobs) / max(1, len(logprobs)), "".join(e.text for e in events)))
+            replies.append((sum(logprobs) / max(1, len(logprobs)), _text(events)))
         if best_of is None:
             return [text for _, text in replies]
         return [text for _, text in sorted(replies, key=lambda r: -r[0])[:n]]
@@ -259,18 +296,21 @@ class Runner:
         finals = self._run_group(requests)
         return [BeamReply(e.text, sum(lp.logprob for lp in e.logprobs),
                           "length" if e.finish_reason is not None and e.finish_reason.value == "length" else "stop")
-                for e in (out[-1] for out in finals) if e.error is None]
+                for e in (out[-1] for out in finals)]
 
     def embed(self, texts: str | list[str]) -> np.ndarray:
         """One unit-length vector per text, (len(texts), dimensions): the model's own pooling for an
         embedding model, else the mean of its last hidden states (on a context of its own)."""
         batch = [texts] if isinstance(texts, str) else list(texts)
-        if not batch or any(not t for t in batch):
+        if not batch or any(not isinstance(t, str) or not t for t in batch):
             raise InputError("embed() needs non-empty texts")
-        return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
+        with self._embed_lock:
+            return self.loaded.embedder().embed([self.loaded.embedding_ids(t) for t in batch])
 
     def close(self) -> None:
-        """Free the model; calling it again does nothing, and any other call raises RunnerError."""
-        if self._loaded is not None:
-            self._loaded.close()
-            self._loaded = None
+        """Free the model once the step or embedding in progress ends; calling it again does
+        nothing, and any other call (another thread's generation too) raises RunnerError."""
+        with self._lock, self._embed_lock:
+            if self._loaded is not None:
+                self._loaded.close()
+                self._loaded = None

@@ -33,15 +33,42 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
+# A Ctrl-C that Python raised inside one of the callbacks below, where ctypes would print and drop
+# it: loading stops at the next progress call and the main thread raises it once llama.cpp returns.
+_interrupted = threading.Event()
+
+
 @_lc.llama_log_callback
 def _log_to_ring(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # llama.cpp is chatty on stderr; keep its recent lines to explain a failure instead.
-    line = text.decode("utf-8", "replace")
-    _recent_log.append(line)
-    if level == _LOG_LEVEL_ERROR and (_show_errors or os.environ.get("RUNNER_LLAMA_LOG")):
-        print(line, end="", flush=True)
-    elif os.environ.get("RUNNER_LLAMA_LOG") == "all" and level != _LOG_LEVEL_CONT:
-        print(line, end="", flush=True)
+    try:
+        line = text.decode("utf-8", "replace")
+        _recent_log.append(line)
+        if level == _LOG_LEVEL_ERROR and (_show_errors or os.environ.get("RUNNER_LLAMA_LOG")):
+            print(line, end="", flush=True)
+        elif os.environ.get("RUNNER_LLAMA_LOG") == "all" and level != _LOG_LEVEL_CONT:
+            print(line, end="", flush=True)
+    except KeyboardInterrupt:
+        _interrupted.set()
+
+
+@_lc.llama_progress_callback
+def _load_progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
+    """Go on loading, unless a Ctrl-C has landed in a callback."""
+    try:
+        return not _interrupted.is_set()
+    except KeyboardInterrupt:
+        _interrupted.set()
+        return False
+
+
+def _raise_interrupt(free: Callable[[], None] | None = None) -> None:
+    """Raise the Ctrl-C a callback caught (after `free`ing what the native call made), if one did."""
+    if _interrupted.is_set():
+        _interrupted.clear()
+        if free is not None:
+            free()
+        raise KeyboardInterrupt
 
 
 _show_errors = False
@@ -175,15 +202,32 @@ def in_scratch_thread(work: Callable[[], T]) -> T:
     result: list[T] = []
     error: list[BaseException] = []
 
+    finished = threading.Event()
+
     def run() -> None:
         try:
             result.append(work())
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             error.append(exc)
+        finally:
+            finished.set()
 
     thread = threading.Thread(target=run, name="runner-load-decode")
-    thread.start()
+    interrupt: KeyboardInterrupt | None = None
+    try:
+        thread.start()
+    except KeyboardInterrupt as exc:  # (while start() waited for the thread to run)
+        if thread.ident is None:
+            raise
+        interrupt = exc
+    while not finished.is_set():  # a Ctrl-C waits for the work: it uses what the caller would then free
+        try:  # (an Event: a join cut by Ctrl-C takes the thread for ended, on Python 3.11)
+            finished.wait()
+        except KeyboardInterrupt as exc:
+            interrupt = exc
     thread.join()
+    if interrupt is not None:
+        raise interrupt
     if error:
         raise error[0]
     return result[0]
@@ -211,7 +255,9 @@ class Model:
         params.use_extra_bufts = uses_extra_buffers()
         _recent_log.clear()
         self.path = Path(path)
+        params.progress_callback = _load_progress
         self._ptr = _lc.llama_model_load_from_file(str(path).encode(), params)
+        _raise_interrupt(lambda: self._ptr and _lc.llama_model_free(self._ptr))
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not load {path}: {recent_log(3) or 'unknown error'}")
         self._vocab = _lc.llama_model_get_vocab(self._ptr)
@@ -476,6 +522,7 @@ class Context:
         params.no_perf = True
         _recent_log.clear()
         self._ptr = _lc.llama_init_from_model(model._ptr, params)
+        _raise_interrupt(lambda: self._ptr and _lc.llama_free(self._ptr))
         if not self._ptr:
             raise ModelLoadError(f"llama.cpp could not create a context: {recent_log(3) or 'unknown error'}")
         self.model = model

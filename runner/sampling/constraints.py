@@ -45,7 +45,10 @@ def grammar_text(kind: str, source: str) -> str:
     from llguidance.gbnf_to_lark import any_to_lark
 
     if kind in ("json_object", "json_schema"):  # (objects closed as llama.cpp's server closes them)
-        schema = closed_objects(json.loads(source)) if source else {"type": "object"}
+        # no schema, or the empty one: any object (a bare number or string would rarely be what is meant,
+        # and a model may write digits until its tokens run out)
+        schema = closed_objects(json.loads(source)) if source else {}
+        schema = schema or {"type": "object"}
         return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
     if kind == "gbnf":
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from runner.core.errors import InputError
 
 GREEDY_EPS = 1e-5
 
@@ -40,3 +45,47 @@ class SamplingParams:
 def value_range(name: str) -> tuple[float | None, float | None]:
     """The range SamplingParams' field `name` may be set in."""
     return next(f.metadata["range"] for f in fields(SamplingParams) if f.name == name)
+
+
+def checked_sampling(**values: Any) -> SamplingParams:
+    """SamplingParams from a caller's keywords (the Python API's), each checked as the server checks
+    its fields: InputError naming the first of the wrong type or out of its range. logit_bias may be
+    a mapping of token id -> bias (OpenAI's shape) or (id, bias) pairs."""
+    for f in fields(SamplingParams):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if f.name == "seed":
+            if value is not None and not _is_whole(value):
+                raise InputError(f"seed must be a whole number or None, got {value!r:.80}")
+        elif f.name == "logit_bias":
+            values[f.name] = _bias_pairs(value)
+        else:
+            _check_number(f.name, value, whole=f.type == "int", bounds=f.metadata["range"])
+    return SamplingParams(**values)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: Any, whole: bool, bounds: tuple[float | None, float | None]) -> None:
+    lo, hi = bounds
+    is_number = _is_whole(value) if whole else isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if is_number and math.isfinite(value) and (lo is None or value >= lo) and (hi is None or value <= hi):
+        return
+    kind = "a whole number" if whole else "a number"
+    where = (f"from {lo:g} to {hi:g}" if hi is not None else f"of at least {lo:g}") if lo is not None else "(finite)"
+    raise InputError(f"{name} must be {kind} {where}, got {value!r:.80}")
+
+
+def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    try:
+        pairs = list(value.items()) if isinstance(value, Mapping) else [tuple(p) for p in value]
+    except TypeError:
+        raise InputError(f"logit_bias must map token ids to biases, got {value!r:.80}") from None
+    for pair in pairs:
+        if len(pair) != 2 or not _is_whole(pair[0]):
+            raise InputError(f"logit_bias must map token ids to biases, got {pair!r:.80}")
+        _check_number(f"logit_bias[{pair[0]}]", pair[1], whole=False, bounds=(-100.0, 100.0))
+    return tuple((int(t), float(b)) for t, b in pairs)

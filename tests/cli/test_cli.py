@@ -244,3 +244,14 @@ def test_serve_says_at_once_that_its_address_is_taken(tiny_gguf: Path) -> None:
         assert "slots" not in proc.stderr  # refused before the model's memory plan
     proc = runner("serve", str(tiny_gguf), "--port", "18999", "--ollama-port", "18999")
     assert_one_line_error(proc, "--ollama-port 18999 is --port too")
+
+
+def test_flags_that_cannot_go_together_are_one_line_before_anything_loads(tiny_gguf: Path) -> None:
+    """(a grammar with a schema was a ValueError traceback once loaded; batch < parallel, and a
+    context of one token, aborted in llama.cpp)"""
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--json-schema", "{}", "--grammar", "root ::= x")
+    assert_one_line_error(proc, r"^runner: error: --json-schema and --grammar: give one of them, not both$")
+    proc = runner("run", str(tiny_gguf), "-p", "x", "-q", "--parallel", "4", "--batch-size", "2")
+    assert_one_line_error(proc, r"^runner: error: --batch-size must be at least --parallel \(4\)")
+    proc = runner("run", str(tiny_gguf), "-p", "x", "--ctx-size", "1")
+    assert proc.returncode == 2 and "argument --ctx-size: must be at least 32, got 1" in proc.stderr, proc.stderr

@@ -36,3 +36,18 @@ def test_batch_invariant_mode_keeps_micro_batches_under_flash_attentions_64_rows
 
     assert micro_batch_max(EngineOptions()) == 512
     assert micro_batch_max(EngineOptions(batch_invariant="on")) == 63
+
+
+def test_options_a_model_cannot_start_with_are_refused_by_name() -> None:
+    """(a made-up choice was a KeyError or silently off; ctx 1 and batch < parallel aborted in llama.cpp)"""
+    from runner.core.errors import OptionError
+
+    for options, message in [({"kv_type": "bogus"}, "--kv-type must be one of 'f16', 'q8_0', 'q4_0'; got 'bogus'"),
+                             ({"swa_full": "yes"}, "--swa-full must be one of"),
+                             ({"jump_forward": "bogus"}, "--jump-forward must be one of"),
+                             ({"ctx_size": 1}, "--ctx-size must be at least 32, got 1"),
+                             ({"batch_size": 1}, "--batch-size must be at least 2"),
+                             ({"batch_size": 2, "parallel": 4}, r"--batch-size must be at least --parallel \(4\)")]:
+        with pytest.raises(OptionError, match=message):
+            EngineOptions(**options)
+    assert EngineOptions(batch_size=4, parallel=4, ctx_size=32).batch_size == 4

@@ -127,3 +127,108 @@ def test_what_the_python_api_cannot_use_is_an_input_error(tiny_gguf: Path) -> No
             r.request((1, 10**6), max_tokens=2)
         with pytest.raises(InputError, match="max_tokens must be at least 1"):
             r.beam_search("the cat", n=2, max_tokens=0)
+
+
+def test_sampling_values_messages_and_stops_are_checked_as_the_server_checks_them(tiny_gguf: Path) -> None:
+    """(each ran: an empty reply from a sampling TypeError, greedy for temperature -1, text for an
+    empty conversation or a made-up role, a stop list's non-text items ignored)"""
+    from runner.core.errors import InputError
+
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        bad = [({"temperature": "0"}, "temperature must be a number from 0 to 2"),
+               ({"temperature": float("nan")}, "temperature"), ({"temperature": -1}, "temperature"),
+               ({"top_p": 2}, "top_p"), ({"repeat_penalty": 0}, "repeat_penalty"),
+               ({"top_k": 1.5}, "top_k must be a whole number"), ({"seed": "x"}, "seed must be a whole number"),
+               ({"logit_bias": ((10**7, -100.0),)}, "token ids must be in"),
+               ({"logit_bias": {5: -1000}}, r"logit_bias\[5\] must be a number from -100 to 100"),
+               ({"logit_bias": 5}, "logit_bias must map"), ({"stop": [5]}, "stop must be a text")]
+        for kwargs, message in bad:
+            with pytest.raises(InputError, match=message):
+                r.complete("the cat", max_tokens=2, **kwargs)
+        with pytest.raises(InputError, match="messages is empty"):
+            r.chat([], max_tokens=2)
+        with pytest.raises(InputError, match=r"messages\[0\]'s role must be one of"):
+            r.chat([{"role": "bogus", "content": "hi"}], max_tokens=2)
+        assert not r.loaded.engine.has_work
+        # OpenAI's shape of a logit bias is the same bias as (id, bias) pairs
+        banned = r.loaded.text_prompt_ids(r.complete("the cat", temperature=0, max_tokens=1))[-1]
+        as_pairs = r.complete("the cat", temperature=0, max_tokens=4, logit_bias=((banned, -100.0),))
+        assert r.complete("the cat", temperature=0, max_tokens=4, logit_bias={banned: -100}) == as_pairs
+
+
+def test_a_generation_that_fails_in_the_engine_raises_not_returns_what_it_had(tiny_gguf: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """(chat, complete and choices joined the texts and dropped the final event's error: '' came back)"""
+    from runner.core.errors import RunnerError
+    from runner.python_api import runner as api
+    from runner.sampling.params import SamplingParams
+
+    monkeypatch.setattr(api, "checked_sampling", lambda **kw: SamplingParams(**kw))  # (past the checks above)
+    with Runner(tiny_gguf, log=lambda _: None, parallel=2) as r:
+        with pytest.raises(RunnerError, match="internal error: TypeError"):
+            r.complete("the cat", temperature="0", max_tokens=4)
+        with pytest.raises(RunnerError, match="internal error: TypeError"):
+            r.choices("the cat", n=2, temperature="0", max_tokens=4)
+        assert not r.loaded.engine.has_work
+        assert r.complete("the cat", temperature=0, max_tokens=4)
+
+
+def test_closing_a_runner_another_thread_generates_on_ends_that_generation(tiny_gguf: Path) -> None:
+    """close() waits for the step in progress; the generating thread gets RunnerError (was a segfault:
+    the model was freed under its next step)."""
+    import threading
+
+    from runner.core.errors import RunnerError
+
+    r = Runner(tiny_gguf, log=lambda _: None)
+    started, outcome = threading.Event(), []
+
+    def generate() -> None:
+        try:
+            for i, _ in enumerate(r.stream(r.request(r.loaded.text_prompt_ids("the cat"), max_tokens=10_000))):
+                if i == 3:
+                    started.set()
+            outcome.append("finished")
+        except RunnerError as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    assert started.wait(60)
+    r.close()
+    thread.join(60)
+    assert outcome == ["this Runner is closed"]
+
+
+def test_a_stream_dropped_after_close_says_nothing(tiny_gguf: Path) -> None:
+    """(its cancel stepped a closed Runner: 'Exception ignored ... this Runner is closed' at collection)"""
+    r = Runner(tiny_gguf, log=lambda _: None)
+    events = r.stream_chat([{"role": "user", "content": "hi"}], max_tokens=50)
+    next(events)
+    r.close()
+    events.close()  # (raised RunnerError)
+
+
+def test_threads_embedding_at_once_get_what_each_would_alone(tiny_gguf: Path) -> None:
+    """One embedding batch at a time on the shared embedding context (three at once: a segfault)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    texts = [[f"text {i} of batch {b}" for i in range(8)] for b in range(6)]
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        alone = [r.embed(batch) for batch in texts]
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(r.embed, texts * 2))
+    for got, want in zip(together, alone * 2, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_empty_schema_asks_for_an_object_as_documented(tiny_gguf: Path) -> None:
+    """(`{}` compiled to any JSON value: digits until max_tokens ran out)"""
+    from runner.sampling.constraints import grammar_text
+
+    assert grammar_text("json_schema", "{}") == grammar_text("json_object", "")
+    with Runner(tiny_gguf, log=lambda _: None) as r:
+        for seed in range(3):
+            assert r.complete("x", json_schema={}, temperature=1.0, seed=seed, max_tokens=12).startswith("{")

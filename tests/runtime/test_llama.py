@@ -49,3 +49,43 @@ def test_the_device_list_starts_with_the_cpu_and_its_memory() -> None:
     assert devices[0].name == "CPU" and devices[0].kind == "cpu" and not devices[0].takes_layers
     assert 0 < devices[0].free_bytes <= devices[0].total_bytes
     assert all(d.takes_layers == (d.kind in ("gpu", "igpu")) for d in devices)
+
+
+def test_a_ctrl_c_waits_for_load_time_decodes_before_it_is_raised() -> None:
+    """The caller frees the model on a KeyboardInterrupt: the scratch thread's work must be over by
+    then (the join was cut short: a segfault as `runner run` was stopped while warming up)."""
+    import _thread
+
+    import pytest
+
+    from runner.runtime import llama
+
+    done = threading.Event()
+    team, llama._has_decoded.team = getattr(llama._has_decoded, "team", False), False  # (work on a scratch thread)
+
+    def work() -> str:
+        _thread.interrupt_main()  # Ctrl-C, landing while the caller waits for this work
+        threading.Event().wait(0.2)
+        done.set()
+        return "done"
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            in_scratch_thread(work)
+    finally:
+        llama._has_decoded.team = team
+    assert done.is_set()
+
+
+def test_a_ctrl_c_caught_in_a_callback_cancels_the_load_and_is_raised(tiny_gguf) -> None:
+    """Python raises a Ctrl-C in whatever Python code runs next, which while weights load is
+    llama.cpp's log or progress callback, where ctypes printed and dropped it (the chat then started)."""
+    import pytest
+
+    from runner.runtime import llama
+
+    llama._interrupted.set()  # (as _log_to_ring does when the KeyboardInterrupt lands in it)
+    with pytest.raises(KeyboardInterrupt):
+        Model(tiny_gguf)
+    assert not llama._interrupted.is_set()
+    Model(tiny_gguf).close()  # the next load goes on
