@@ -31,7 +31,8 @@ class BatchRow:
     n_logits: int
     draft_ids: list[int] = field(default_factory=list)
     draft_dists: list[Distribution | None] = field(default_factory=list)
-    n_accepted: int = 0  # set by postprocess
+    n_accepted: int = 0  # set by postprocess: drafts the reply took
+    n_decided: int = 0  # ... and tokens the target decided for it (those drafts, its own, an end-of-generation)
     is_forced: bool = False  # the drafts are the grammar's only continuation (jump-forward), not a drafter's
     n_prompt_logits: int = 0  # the first logits rows score prompt tokens (a request that asked for prompt logprobs)
     kind: RowKind = RowKind.NEXT_TOKEN

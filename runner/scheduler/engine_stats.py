@@ -39,8 +39,8 @@ class EngineStats:
         self.decode_s += decode_s
         self.step_times.observe(plan.n_tokens, decode_s)
         for row in plan.rows:
-            if row.n_logits > row.n_prompt_logits:  # the target sampled a token (and accepted n_accepted drafts)
-                self.n_generated_tokens += 1 + row.n_accepted
+            if row.n_logits > row.n_prompt_logits:  # the target sampled a token (and perhaps accepted drafts)
+                self.n_generated_tokens += max(1, row.n_decided)  # (a beam's row: one, decided by its group)
             if row.is_forced:
                 self.n_forced_tokens += len(row.draft_ids)
             if row.is_prompt:

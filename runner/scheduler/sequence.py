@@ -109,20 +109,27 @@ class Sequence:
         draft_ids: list[int],
         draft_dists: list[Distribution | None],
         n_ctx_left: int,
-    ) -> tuple[int, int | None]:
+    ) -> tuple[int, int, int | None]:
         """Verify drafts on the target's rows (none: plain sampling of one row) and stream the result.
 
-        Returns how many drafts were accepted (they stay in the KV) and the token to feed next
-        (None: the request finished)."""
+        Returns how many drafts the reply took (they stay in the KV), how many tokens the target
+        decided for it (those and its own, up to the one that ended the reply), and the token to
+        feed next (None: the request finished)."""
         self._is_prompt_computed = True
         verdict = verify(self.sampler, rows, draft_ids, draft_dists)
         self.n_draft_proposed += len(draft_ids)
-        self.n_draft_accepted += verdict.n_accepted
+        n_before, n_decided = len(self.output_ids), 0
         for i, token_id in enumerate(verdict.committed_ids):
             is_draft = i < verdict.n_accepted
+            # (counted before the commit: the final event's usage is taken as it ends the reply)
+            self.n_draft_accepted += is_draft and token_id not in self.eog_ids
+            n_decided += 1
             if not self._commit(token_id, rows, i, is_draft, n_ctx_left - i):
-                return verdict.n_accepted, None
-        return verdict.n_accepted, verdict.committed_ids[-1]
+                break
+        # drafts past the reply's end (its end-of-generation token, a stop string, its length) were
+        # verified but are not in it: they count as neither accepted nor generated
+        n_accepted = min(verdict.n_accepted, len(self.output_ids) - n_before)
+        return n_accepted, n_decided, None if self.is_finished else verdict.committed_ids[-1]
 
     def _commit(self, token_id: int, rows: np.ndarray, i: int, is_draft: bool, n_ctx_left: int) -> bool:
         """Stream one decided token (decided on rows[i]); False when it ends the request."""

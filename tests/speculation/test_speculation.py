@@ -301,3 +301,28 @@ def test_constrained_sampling_stays_inside_the_grammar_with_drafts(tiny_gguf: Pa
             jsonschema.validate(json.loads("".join(e.text for e in events)), SCHEMA)
         else:  # out of tokens: still a prefix the grammar allows (checked as every token was taken)
             assert events[-1].finish_reason.value == "length"
+
+
+def test_drafts_verified_past_a_stop_string_count_as_neither_accepted_nor_generated(tiny_gguf: Path,
+                                                                                   same_draft: Path) -> None:
+    """A step can verify drafts past the token that ends the reply (they were counted: usage said 8
+    drafts accepted of an 8-token reply, and /metrics' generated tokens ran ahead of the reply's)."""
+    loaded = load_tiny(tiny_gguf, 1, draft=str(same_draft), spec="on", draft_max=4)
+    try:
+        prompt_ids = loaded.text_prompt_ids("hello the hat in the world")
+        (whole,) = submit_all(loaded.engine, [GenerationRequest("w", prompt_ids, SamplingParams(temperature=0), 24,
+                                                                ignore_eos=True)])
+        text = "".join(e.text for e in whole)
+        stats = loaded.engine.stats
+        for cut in (7, 9, 12):  # a stop string starting at several places in the reply
+            stop = text[cut:cut + 3]
+            before = stats.n_generated_tokens
+            (events,) = submit_all(loaded.engine, [GenerationRequest("s", prompt_ids, SamplingParams(temperature=0),
+                                                                     24, stop=(stop,), ignore_eos=True)])
+            n_tokens = sum(len(e.token_ids) for e in events)
+            assert "".join(e.text for e in events) == text[:text.index(stop)]
+            assert events[-1].usage.draft_accepted == sum(d for e in events for d in e.drafted)
+            assert events[-1].usage.draft_accepted < n_tokens == events[-1].usage.completion_tokens
+            assert stats.n_generated_tokens - before == n_tokens
+    finally:
+        loaded.close()
