@@ -230,6 +230,10 @@ class LoadedModel:
         if opts.spec == "eagle3" and not draft:
             raise OptionError("--spec eagle3 drafts with an EAGLE3 head: name it with --draft FILE (a GGUF of "
                               "architecture eagle3)")
+        if opts.spec == "on" and not draft:  # (it was quietly no drafting at all)
+            raise OptionError(f"--spec on drafts every step: name a drafter with --draft (a draft model, or ngram); "
+                              f"{self.path.name} has no draft of its own (a catalog pairing, MTP layers, a "
+                              "published EAGLE3 head)")
         mode = SpecMode.ON if opts.spec in ("on", "mtp", "eagle3") else SpecMode(opts.spec or ("auto" if draft else "off"))
         if not draft or mode is SpecMode.OFF:
             return None

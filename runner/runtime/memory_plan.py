@@ -124,6 +124,7 @@ class MemoryPlan:
     n_threads: int = 1  # llama.cpp's CPU threads (shown in the plan's line)
     offload: Offload | None = None  # layers on a GPU (their bytes are not in RAM)
     checkpoint_per_slot_bytes: int = 0  # a slot's sliding-window checkpoint, always in RAM
+    ngram_store_bytes: int = 0  # the n-gram store learned across requests (--draft ngram), in RAM
 
     @classmethod
     def for_model(cls, info: GgufInfo, options: EngineOptions, available_bytes: int | None = None,
@@ -137,6 +138,7 @@ class MemoryPlan:
             n_threads=options.threads,
             offload=offload,
             checkpoint_per_slot_bytes=_checkpoint_bytes_per_slot(info, options),
+            ngram_store_bytes=options.ngram_store_mb * _MIB if options.draft == "ngram" else 0,
         )
 
     @classmethod
@@ -149,13 +151,13 @@ class MemoryPlan:
         return MemoryPlan(self.weights_bytes + draft.weights_bytes, self.kv_per_slot_bytes + draft.kv_per_slot_bytes,
                           self.n_slots, self.compute_bytes + draft.compute_bytes, self.available_bytes, self.n_threads,
                           _both(self.offload, draft.offload),
-                          self.checkpoint_per_slot_bytes + draft.checkpoint_per_slot_bytes)
+                          self.checkpoint_per_slot_bytes + draft.checkpoint_per_slot_bytes, self.ngram_store_bytes)
 
     @property
     def total_bytes(self) -> int:
         """Weights, KV, checkpoints and compute, wherever they are."""
         return (self.weights_bytes + (self.kv_per_slot_bytes + self.checkpoint_per_slot_bytes) * self.n_slots
-                + self.compute_bytes)
+                + self.compute_bytes + self.ngram_store_bytes)
 
     @property
     def gpu_bytes(self) -> int:
@@ -177,7 +179,9 @@ class MemoryPlan:
         line = (
             f"memory plan ({self.n_threads} threads): weights {mib(self.weights_bytes)} + KV {mib(self.kv_per_slot_bytes)}/slot"
             + (f" (+ window checkpoint {mib(self.checkpoint_per_slot_bytes)})" if self.checkpoint_per_slot_bytes else "")
-            + f" x {self.n_slots} slots + compute ~{mib(self.compute_bytes)} = {mib(self.total_bytes)}"
+            + f" x {self.n_slots} slots + compute ~{mib(self.compute_bytes)}"
+            + (f" + n-gram store {mib(self.ngram_store_bytes)}" if self.ngram_store_bytes else "")
+            + f" = {mib(self.total_bytes)}"
         )
         if self.offload is not None and self.offload.devices:
             line += f"; {self.offload.describe()}; in RAM {mib(self.ram_bytes)}"
@@ -188,6 +192,7 @@ class MemoryPlan:
             raise MemoryPlanError(
                 f"not enough memory: {self.describe()}; try fewer slots (--parallel), "
                 f"a smaller context (--ctx-size), a quantized KV cache (--kv-type q8_0), or a smaller model"
+                + (" or n-gram store (--ngram-store-mb)" if self.ngram_store_bytes else "")
             )
 
 

@@ -115,3 +115,15 @@ def test_gemma_3s_plan_is_the_kv_llama_cpp_allocates(gemma_path: Path) -> None:
     # llama.cpp's log for this context (2 sequences of 32,768, swa_full off): 192 MiB for the 3
     # full-attention layers' 32,768 cells, 30 MiB for the 15 sliding ones' 1,024
     assert plan.kv_per_slot_bytes * 2 == (192 + 30) << 20
+
+
+def test_the_ngram_store_is_in_the_plan(tiny_gguf: Path) -> None:
+    """(it was not: a 64 GiB store was accepted on a 23 GiB machine, a huge one a numpy traceback)"""
+    info = read_gguf(tiny_gguf)
+    plain = MemoryPlan.for_model(info, EngineOptions(ngram_store_mb=4096), available_bytes=1 << 40)
+    assert plain.ngram_store_bytes == 0  # (no store without --draft ngram)
+    plan = MemoryPlan.for_model(info, EngineOptions(draft="ngram", ngram_store_mb=4096), available_bytes=8 << 30)
+    assert plan.total_bytes == plain.total_bytes + (4096 << 20)
+    assert "+ n-gram store 4,096 MiB =" in plan.describe()
+    with pytest.raises(MemoryPlanError, match=r"or n-gram store \(--ngram-store-mb\)"):
+        dataclasses.replace(plan, available_bytes=2 << 30).check()

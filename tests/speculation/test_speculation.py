@@ -326,3 +326,11 @@ def test_drafts_verified_past_a_stop_string_count_as_neither_accepted_nor_genera
             assert stats.n_generated_tokens - before == n_tokens
     finally:
         loaded.close()
+
+
+def test_spec_on_without_a_drafter_is_refused_by_name(tiny_gguf: Path) -> None:
+    """(it loaded and never drafted: no line, no draft counters)"""
+    from runner.core.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"--spec on drafts every step: name a drafter with --draft"):
+        load_tiny(tiny_gguf, 1, spec="on")
