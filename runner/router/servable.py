@@ -121,7 +121,11 @@ def _servable(name: str, source: str, options: EngineOptions, section: dict[str,
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise OptionError(f"--models-config: [models.\"{name}\"] aliases must be a list of names")
     keep_alive = section.get("keep_alive")
-    return ServableModel(name, source, dataclasses.replace(options, **overrides), tuple(aliases),
+    try:
+        options = dataclasses.replace(options, **overrides)  # (checks each value: a choice, a range)
+    except OptionError as exc:
+        raise OptionError(f"--models-config: [models.\"{name}\"] {exc}") from None
+    return ServableModel(name, source, options, tuple(aliases),
                          bool(section.get("pin", False)),
                          None if keep_alive is None else parse_keep_alive(keep_alive, "keep_alive"))
 

@@ -87,6 +87,9 @@ def test_a_config_section_sets_one_models_options_aliases_pin_and_keep_alive(sto
 @pytest.mark.parametrize(("text", "message"), [
     ("[models.big]\nctx = 1\n", 'has unknown keys: ctx'),
     ("[models.big]\nctx_size = \"big\"\n", "ctx_size must be an int, got 'big'"),
+    ("[models.big]\nspec = \"bogus\"\n",  # (the server started; the first request got a 500 and argparse's usage)
+     '[models."big"] --spec must be one of'),
+    ("[models.big]\nctx_size = 8\n", '[models."big"] --ctx-size must be at least 32, got 8'),
     ("[models.nowhere]\nctx_size = 1\n", 'is not a servable model and names no \'model\''),
     ("[models.big]\naliases = [\"small\"]\n", "the model id 'small' would name both 'small' and 'big'"),
     ("[server]\nport = 1\n", 'expected only [models."NAME"] sections'),
