@@ -1,12 +1,19 @@
 """Token sampling: penalties, temperature, top_k, top_p, min_p, seeded draws.
 
 Here rather than llama.cpp's sampler chain because speculative decoding needs the target's
-whole probability distribution at each position (for the rejection rule). numpy finds the few
-candidates in the vocabulary row; the truncations and the draw run on those in plain Python.
+distribution at each position, and the same draw there with drafts or without. numpy finds the
+few candidates in the vocabulary row; the truncations and the draw run on those in plain Python.
+
+A draw is keyed by the request's seed and the token's position in the sequence, not taken from
+a stream: the token at a position is the same however many draws came before it (drafts a step
+verified or not, a prompt cached or computed), so a seeded reply is the same with speculation on
+or off, and a draft model drawing with the same key agrees with the target where their
+distributions do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from bisect import bisect_left, bisect_right
@@ -36,10 +43,11 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, prompt_ids: list[int] | None = None,
                  constraint: AnyConstraint | None = None) -> None:
+        if params.seed is None:  # (a random one, kept: a drafter draws with it too)
+            params = dataclasses.replace(params, seed=int.from_bytes(os.urandom(8), "little"))
         self.params = params
         self.constraint = constraint  # masks every row it samples; advances with every accepted token
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
-        self._rng = np.random.default_rng(seed % 2**64)  # (a negative seed wraps, as the OpenAI dialect's does)
+        self._key = _mix(params.seed % 2**64)  # (a negative seed wraps, as the OpenAI dialect's does)
         self._recent: list[int] = list(prompt_ids or [])[-params.repeat_last_n :] if params.repeat_last_n else []
         self._generated_counts: Counter[int] = Counter()
         ids, bias = zip(*params.logit_bias) if params.logit_bias else ((), ())
@@ -112,25 +120,45 @@ class Sampler:
             return int(logits.argmax())
         return int(np.argmax(self.adjusted_logits(logits.reshape(-1))))
 
-    def sample(self, logits: np.ndarray) -> int:
-        dist = self.distribution(logits)
+    def sample(self, logits: np.ndarray, pos: int) -> int:
+        """The token for sequence position `pos` from its logits row (greedy: the argmax)."""
+        if self.params.is_greedy:
+            return self.greedy_token(logits)
+        return self.draw(self.distribution(logits), pos)
+
+    def draw(self, dist: Distribution, pos: int) -> int:
+        """The token of the distribution for sequence position `pos`: the position's uniform number
+        against the running sums of the candidates in token id order (the order two models'
+        distributions share, so close ones give the same token). In plain Python for a few
+        candidates, in numpy for many: the same sums, so the same token."""
         if len(dist.token_ids) == 1:
             return int(dist.token_ids[0])
-        return self.draw(dist)
-
-    def uniform(self) -> float:
-        return float(self._rng.random())
-
-    def draw(self, dist: Distribution) -> int:
-        """One token of the distribution (the running sums in plain Python for a few candidates, in
-        numpy for many: the same sums, so the same token for the same seed)."""
+        u = _uniform(self._key, pos)
         if len(dist.probs) <= FEW_CANDIDATES:
-            cum: list[float] | np.ndarray = list(accumulate(dist.probs.tolist()))
-            index = bisect_right(cum, self._rng.random() * cum[-1])
-        else:
-            cum = np.cumsum(dist.probs)
-            index = int(np.searchsorted(cum, self._rng.random() * cum[-1], side="right"))
-        return int(dist.token_ids[min(index, len(cum) - 1)])
+            pairs = sorted(zip(dist.token_ids.tolist(), dist.probs.tolist()))
+            cum: list[float] | np.ndarray = list(accumulate(p for _, p in pairs))
+            return pairs[min(bisect_right(cum, u * cum[-1]), len(pairs) - 1)][0]
+        order = np.argsort(dist.token_ids, kind="stable")
+        cum = np.cumsum(dist.probs[order])
+        index = int(np.searchsorted(cum, u * cum[-1], side="right"))
+        return int(dist.token_ids[order[min(index, len(cum) - 1)]])
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finaliser: 64 well-mixed bits of z."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _uniform(key: int, pos: int) -> float:
+    """A uniform number in [0, 1) for (a seed's key, a position): counter-based, so any position's
+    comes without drawing those before it."""
+    return (_mix(key ^ pos) >> 11) * 2.0**-53
 
 
 # Up to this many candidates (the top_k default is 40) the truncations run in plain Python: a sampled

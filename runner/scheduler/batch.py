@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runner.sampling.sampler import Distribution
 from runner.scheduler.request import MediaSpan
 from runner.scheduler.slots import Slot
 
@@ -30,7 +29,6 @@ class BatchRow:
     first_pos: int
     n_logits: int
     draft_ids: list[int] = field(default_factory=list)
-    draft_dists: list[Distribution | None] = field(default_factory=list)
     n_accepted: int = 0  # set by postprocess: drafts the reply took
     n_decided: int = 0  # ... and tokens the target decided for it (those drafts, its own, an end-of-generation)
     is_forced: bool = False  # the drafts are the grammar's only continuation (jump-forward), not a drafter's
@@ -45,8 +43,8 @@ class BatchRow:
     def seq_id(self) -> int:  # the runtime's sequence id is the slot's
         return self.slot.id
 
-    def add_drafts(self, draft_ids: list[int], draft_dists: list[Distribution | None], is_forced: bool = False) -> None:
-        self.draft_ids, self.draft_dists, self.is_forced = draft_ids, draft_dists, is_forced
+    def add_drafts(self, draft_ids: list[int], is_forced: bool = False) -> None:
+        self.draft_ids, self.is_forced = draft_ids, is_forced
         self.token_ids = self.token_ids[:1] + draft_ids
         self.n_logits = 1 + len(draft_ids)
 

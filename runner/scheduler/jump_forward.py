@@ -29,7 +29,7 @@ class JumpForward:
             cap = min(room, seq.n_tokens_left - 1, self.n_ctx_per_slot - row.slot.n_cached - 2)
             forced = constraint.forced_tokens()[: max(0, cap)]
             if forced:
-                row.add_drafts(forced, [None] * len(forced), is_forced=True)
+                row.add_drafts(forced, is_forced=True)
                 room -= len(forced)
 
     def learn(self, plan: BatchPlan, step_s: float) -> None:

@@ -254,8 +254,7 @@ class Scheduler:
         slot = row.slot
         n_fed = len(row.token_ids) - len(row.draft_ids)  # tokens that enter the KV for sure
         n_ctx_left = self.n_ctx_per_slot - (slot.n_cached + n_fed) - 1
-        row.n_accepted, row.n_decided, slot.next_token = seq.take_tokens(rows, row.draft_ids, row.draft_dists,
-                                                                         n_ctx_left)
+        row.n_accepted, row.n_decided, slot.next_token = seq.take_tokens(rows, row.draft_ids, n_ctx_left)
         n_kept = n_fed + row.n_accepted
         if n_kept < len(row.token_ids):
             self._kv.kv_remove(slot.id, slot.n_cached + n_kept, -1)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runner.sampling.sampler import Distribution, Sampler, top_logprobs
+from runner.sampling.sampler import Sampler, top_logprobs
 from runner.scheduler.detokenizer import Detokenizer
 from runner.scheduler.group import ALONE, Group
 from runner.scheduler.request import EventSink, FinishReason, GenerationRequest, StreamEvent, TokenLogprob, Usage
@@ -107,7 +107,6 @@ class Sequence:
         self,
         rows: np.ndarray,
         draft_ids: list[int],
-        draft_dists: list[Distribution | None],
         n_ctx_left: int,
     ) -> tuple[int, int, int | None]:
         """Verify drafts on the target's rows (none: plain sampling of one row) and stream the result.
@@ -116,7 +115,8 @@ class Sequence:
         decided for it (those and its own, up to the one that ended the reply), and the token to
         feed next (None: the request finished)."""
         self._is_prompt_computed = True
-        verdict = verify(self.sampler, rows, draft_ids, draft_dists)
+        # (row 0 decides the token after the prompt and the output so far)
+        verdict = verify(self.sampler, rows, draft_ids, len(self.prompt_ids) + len(self.output_ids))
         self.n_draft_proposed += len(draft_ids)
         n_before, n_decided = len(self.output_ids), 0
         for i, token_id in enumerate(verdict.committed_ids):

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from runner.sampling.params import SamplingParams
-from runner.sampling.sampler import Distribution
 
 
 @dataclass
@@ -23,7 +22,6 @@ class DraftJob:
     sampling: SamplingParams
     request_id: str = ""
     draft_ids: list[int] = field(default_factory=list)
-    draft_dists: list[Distribution | None] = field(default_factory=list)
     # what kind of proposal this is, where the drafter can tell kinds apart that are accepted at
     # different rates (n-gram: how many context tokens matched); acceptance is learned per kind
     kind: int | None = None

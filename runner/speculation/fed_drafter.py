@@ -82,9 +82,7 @@ class FedDrafter:
         live = list(range(len(jobs)))
         for _ in range(max(j.k for j in jobs)):
             for row, i in enumerate(live):
-                token, dist = self._samplers.draw(jobs[i], logits[row])
-                jobs[i].draft_ids.append(token)
-                jobs[i].draft_dists.append(dist)
+                jobs[i].draft_ids.append(self._samplers.draw(jobs[i], logits[row]))
             fed = [(i, hidden[row]) for row, i in enumerate(live) if len(jobs[i].draft_ids) < jobs[i].k]
             if not fed:
                 break

@@ -64,9 +64,7 @@ class ModelDrafter:
         live = list(range(len(jobs)))
         for depth in range(max(j.k for j in jobs)):
             for row, i in enumerate(live):
-                token, dist = self._samplers.draw(jobs[i], logits[row])
-                jobs[i].draft_ids.append(token)
-                jobs[i].draft_dists.append(dist)
+                jobs[i].draft_ids.append(self._samplers.draw(jobs[i], logits[row]))
             live = [i for i in live if len(jobs[i].draft_ids) < jobs[i].k]
             if not live:
                 break

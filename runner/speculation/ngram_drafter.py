@@ -84,7 +84,6 @@ class NgramDrafter:
             start = index.after.get(tuple(ctx[-n:]))
             if start is not None and start < len(ctx):
                 job.draft_ids = ctx[start : start + job.k]
-                job.draft_dists = [None] * len(job.draft_ids)
                 job.kind, job.prior = n, PRIOR_BY_MATCH.get(n)
                 return True
         return False
@@ -93,7 +92,6 @@ class NgramDrafter:
         if self.store is None:
             return False
         job.draft_ids = self.store.draft(job.context_ids, job.k)
-        job.draft_dists = [None] * len(job.draft_ids)
         job.kind, job.prior = STORE_KIND, STORE_PRIOR
         return bool(job.draft_ids)
 

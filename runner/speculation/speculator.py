@@ -206,7 +206,7 @@ class Speculator:
             ks = self._choose(plan, rows, found, room, {j.slot_id: j.prior for j in jobs})
             for row, job in zip(rows, jobs):
                 k = ks[row.slot.id]
-                row.add_drafts(job.draft_ids[:k], job.draft_dists[:k])
+                row.add_drafts(job.draft_ids[:k])
                 if self.mode is SpecMode.AUTO and not k and job.draft_ids:
                     self._keep_shadow(row, job)
         else:  # drafting costs: decide first, then draft only that much
@@ -215,7 +215,7 @@ class Speculator:
             jobs = self._jobs(rows, ks)
             self.drafter.propose([j for j in jobs if j.k > 0])
             for row, job in zip(rows, jobs):
-                row.add_drafts(job.draft_ids[: job.k], job.draft_dists[: job.k])
+                row.add_drafts(job.draft_ids[: job.k])
         for row in rows:
             self._cut_to_grammar(row)
             self.slots[row.slot.id].k = len(row.draft_ids)
@@ -287,7 +287,7 @@ class Speculator:
         if constraint is not None and row.draft_ids:
             n_valid = constraint.n_valid(row.draft_ids)
             if n_valid < len(row.draft_ids):
-                row.add_drafts(row.draft_ids[:n_valid], row.draft_dists[:n_valid])
+                row.add_drafts(row.draft_ids[:n_valid])
 
     def on_copy(self, src_slot: int, dst_slot: int) -> None:
         hook = getattr(self.drafter, "on_copy", None)
@@ -312,7 +312,8 @@ class Speculator:
             seq = row.slot.seq
             assert seq is not None and row.slot.next_token is not None
             context = row.slot.cached_ids + [row.slot.next_token]
-            jobs.append(DraftJob(row.slot.id, context, ks[row.slot.id], seq.request.sampling, seq.request_id))
+            # (the target's sampling, its seed drawn if the request gave none: a draft model draws with it)
+            jobs.append(DraftJob(row.slot.id, context, ks[row.slot.id], seq.sampler.params, seq.request_id))
         return jobs
 
     def _choose(self, plan: BatchPlan, rows: list[BatchRow], caps: Ks, room: int,
@@ -443,4 +444,4 @@ def _cut_at_media(job: DraftJob) -> None:
     """Drafts end before the first image placeholder a context lookup may have copied (ids < 0)."""
     cut = next((i for i, t in enumerate(job.draft_ids) if t < 0), None)
     if cut is not None:
-        job.draft_ids, job.draft_dists = job.draft_ids[:cut], job.draft_dists[:cut]
+        job.draft_ids = job.draft_ids[:cut]

@@ -10,7 +10,7 @@ LOGITS = np.array([1.0, 3.0, 2.5, -1.0, 0.0, 2.9], dtype=np.float32)
 
 def draws(params: SamplingParams, n: int = 200) -> list[int]:
     s = Sampler(params)
-    return [s.sample(LOGITS) for _ in range(n)]
+    return [s.sample(LOGITS, pos) for pos in range(n)]
 
 
 def test_greedy_is_argmax() -> None:
@@ -91,43 +91,45 @@ def test_min_p_leaving_one_token_gives_a_point_mass_without_drawing() -> None:
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.95, seed=3))
     dist = s.distribution(LOGITS)  # exp(2.9 - 3) = 0.90 < 0.95: only token 1 is within reach
     assert dist.token_ids.tolist() == [1] and dist.probs.tolist() == [1.0]
-    assert s.sample(LOGITS) == 1 and s.uniform() == Sampler(SamplingParams(seed=3)).uniform()
+    assert s.sample(LOGITS, 0) == 1
 
 
 def test_a_draw_takes_the_same_token_in_plain_python_as_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     probs = np.random.default_rng(1).random(1000)
     dist = Distribution(np.arange(1000), probs / probs.sum())
     in_numpy, in_python = Sampler(SamplingParams(seed=5)), Sampler(SamplingParams(seed=5))
-    tokens = [in_numpy.draw(dist) for _ in range(2000)]  # (1000 > FEW_CANDIDATES: numpy's running sums)
+    shuffled = np.random.default_rng(2).permutation(1000)  # (candidates come in probability order, not ids')
+    dist = Distribution(dist.token_ids[shuffled], dist.probs[shuffled])
+    tokens = [in_numpy.draw(dist, pos) for pos in range(2000)]  # (1000 > FEW_CANDIDATES: numpy's running sums)
     monkeypatch.setattr(sampler, "FEW_CANDIDATES", 1000)
-    assert [in_python.draw(dist) for _ in range(2000)] == tokens
+    assert [in_python.draw(dist, pos) for pos in range(2000)] == tokens
 
 
 def test_empirical_distribution_follows_softmax() -> None:
     s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1))
-    counts = np.bincount([s.sample(LOGITS) for _ in range(20000)], minlength=len(LOGITS))
+    counts = np.bincount([s.sample(LOGITS, pos) for pos in range(20000)], minlength=len(LOGITS))
     expected = np.exp(LOGITS - LOGITS.max()) / np.exp(LOGITS - LOGITS.max()).sum()
     assert np.allclose(counts / counts.sum(), expected, atol=0.015)
 
 
 def test_repeat_penalty_moves_greedy_off_a_repeated_token() -> None:
     s = Sampler(SamplingParams(temperature=0, repeat_penalty=1.5), prompt_ids=[1])
-    assert s.sample(LOGITS) == 5  # 3.0 / 1.5 = 2.0 < 2.9
+    assert s.sample(LOGITS, 1) == 5  # 3.0 / 1.5 = 2.0 < 2.9
 
 
 def test_frequency_and_presence_penalties_count_generated_tokens() -> None:
     s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.06, presence_penalty=0.0))
     s.accept(1)
-    assert s.sample(LOGITS) == 1  # 3.0 - 0.06 > 2.9
+    assert s.sample(LOGITS, 1) == 1  # 3.0 - 0.06 > 2.9
     s.accept(1)
-    assert s.sample(LOGITS) == 5  # 3.0 - 0.12 < 2.9
+    assert s.sample(LOGITS, 2) == 5  # 3.0 - 0.12 < 2.9
 
 
 def test_penalties_do_not_modify_the_logits_row() -> None:
     row = LOGITS.copy()
     s = Sampler(SamplingParams(temperature=0, presence_penalty=5.0))
     s.accept(1)
-    s.sample(row)
+    s.sample(row, 1)
     assert np.array_equal(row, LOGITS)
 
 
@@ -157,4 +159,14 @@ def test_a_lazy_grammar_that_has_not_begun_leaves_the_logits_alone() -> None:
 
     sampler = Sampler(SamplingParams(temperature=0), constraint=NotYet())
     assert sampler.adjusted_logits(LOGITS) is LOGITS  # no copy, no mask
-    assert sampler.sample(LOGITS) == 1
+    assert sampler.sample(LOGITS, 0) == 1
+
+
+def test_a_positions_draw_does_not_depend_on_the_draws_before_it() -> None:
+    """Counter-based: the token for a position is the same drawn first or after others (a stream's
+    draws moved with how many a step took: drafts changed a seeded reply)."""
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    in_order = draws(p, 50)
+    s = Sampler(p)
+    assert [s.sample(LOGITS, pos) for pos in reversed(range(50))] == in_order[::-1]
+    assert len(set(in_order)) > 2

@@ -334,3 +334,26 @@ def test_spec_on_without_a_drafter_is_refused_by_name(tiny_gguf: Path) -> None:
 
     with pytest.raises(OptionError, match=r"--spec on drafts every step: name a drafter with --draft"):
         load_tiny(tiny_gguf, 1, spec="on")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "same", "near"])
+def test_seeded_sampled_output_is_the_same_with_drafts_or_without(tiny_gguf: Path, same_draft: Path,
+                                                                 near_draft: Path, drafter: str) -> None:
+    """Every position's token is the target's own draw for it, whatever was drafted (by the rejection
+    rule, a request's draws moved with how many drafts each step verified: same seed, another reply)."""
+    sampling = SamplingParams(temperature=0.8)
+    seeds = list(range(8))
+    plain = load_tiny(tiny_gguf, 1)
+    try:
+        want = [token_ids(r) for r in run(plain, PROMPTS[:8], sampling, 24, seeds=seeds)]
+    finally:
+        plain.close()
+    draft = {"ngram": "ngram", "same": str(same_draft), "near": str(near_draft)}[drafter]
+    for draft_max in (2, 5):
+        loaded = load_tiny(tiny_gguf, 2, draft=draft, spec="on", draft_max=draft_max)
+        try:
+            results = run(loaded, PROMPTS[:8], sampling, 24, seeds=seeds)
+        finally:
+            loaded.close()
+        assert [token_ids(r) for r in results] == want
+        assert sum(r[-1].usage.draft_accepted for r in results) > 0

@@ -30,7 +30,7 @@ class WrongDrafter:
     def propose(self, jobs) -> None:
         self.n_calls += 1
         for job in jobs:
-            job.draft_ids, job.draft_dists = [49] * job.k, [None] * job.k
+            job.draft_ids = [49] * job.k
 
     def catch_up_len(self, slot_id, context_ids) -> int:
         return 0
@@ -54,7 +54,6 @@ class RightDrafter:
         for job in jobs:
             self.n_read[job.slot_id] = len(job.context_ids)
             job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
-            job.draft_dists = [None] * job.k
 
     def catch_up_len(self, slot_id, context_ids) -> int:
         return len(context_ids) - self.n_read.get(slot_id, 0)
@@ -71,7 +70,6 @@ class CountingDrafter(WrongDrafter):
     def propose(self, jobs) -> None:
         for job in jobs:
             job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB for i in range(job.k)]
-            job.draft_dists = [None] * job.k
 
 
 class ClockedRuntime(FakeRuntime):
@@ -296,7 +294,6 @@ class KindDrafter:
         for job in jobs:
             right = not self.alternate or self.n_calls % 2 == 0
             job.draft_ids = [(job.context_ids[-1] + 1 + i) % N_VOCAB if right else 49 for i in range(job.k)]
-            job.draft_dists = [None] * job.k
             job.kind, job.prior = (4 if right else 2), self.prior
 
     def catch_up_len(self, slot_id, context_ids) -> int:
