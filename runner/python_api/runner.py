@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import json
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,8 @@ class Runner:
         kwargs = {"log": log} if log is not None else {}
         self._loaded: LoadedModel | None = LoadedModel(model, engine_options, **kwargs)
         self._lock = threading.Lock()  # the engine's: a step, a submit, a cancel or close at a time
+        # a Runner dropped without close() frees its model when collected (its native memory stayed)
+        self._free = weakref.finalize(self, self._loaded.close)
         self._embed_lock = threading.Lock()  # the embedding context's: one batch at a time
 
     @property
@@ -312,5 +315,5 @@ class Runner:
         nothing, and any other call (another thread's generation too) raises RunnerError."""
         with self._lock, self._embed_lock:
             if self._loaded is not None:
-                self._loaded.close()
+                self._free()
                 self._loaded = None
