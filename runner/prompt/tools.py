@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from runner.core.json_schemas import closed_objects
+from runner.core.json_schemas import closed_objects, map_subschemas
 
 HERMES, LLAMA3, MISTRAL = "hermes", "llama3", "mistral"
 # where a call begins in each syntax: with tool_choice auto the grammar takes over from there
@@ -73,41 +73,27 @@ def fallback_system_prompt(tools: list[Tool]) -> str:
 def _call_schema(tools: list[Tool], arguments_key: str) -> dict[str, Any]:
     options, definitions = [], {}
     for i, tool in enumerate(tools):
-        parameters, defs = _hoisted(closed_objects(tool.parameters) or {"type": "object"}, f"tool{i}_")
-        definitions.update(defs)
-        options.append({"type": "object", "properties": {"name": {"const": tool.name}, arguments_key: parameters},
+        name = f"tool{i}"
+        definitions[name] = _rebased(closed_objects(tool.parameters) or {"type": "object"}, f"#/$defs/{name}")
+        options.append({"type": "object",
+                        "properties": {"name": {"const": tool.name}, arguments_key: {"$ref": f"#/$defs/{name}"}},
                         "required": ["name", arguments_key], "additionalProperties": False})
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    return {**schema, "$defs": definitions} if definitions else schema
+    return {**schema, "$defs": definitions}
 
 
-_DEFINITIONS = ("$defs", "definitions")
-
-
-def _hoisted(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
-    """A tool's parameters nested inside the call's schema, whose root-relative references
-    (#/$defs/X, #/definitions/X: pydantic's models, the Agents SDK's tools) would point at the
-    call's root: the schema without its definitions, references renamed, and the definitions
-    renamed, for the call's root to hold."""
+def _rebased(schema: Any, base: str) -> Any:
+    """A tool's parameters held at `base` in the call's schema: their root-relative references (#,
+    #/properties/x, #/$defs/X: recursive tools, pydantic's models) moved below base, so they still
+    mean the parameters and not the call. Only schemas are walked: a "$ref" key in a data value
+    (const, enum, default, examples) is data."""
     if not isinstance(schema, dict):
-        return schema, {}
-
-    def renamed(node: Any) -> Any:
-        if isinstance(node, list):
-            return [renamed(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        out = {k: renamed(v) for k, v in node.items()}
-        ref = node.get("$ref")
-        for base in ("#/$defs/", "#/definitions/"):
-            if isinstance(ref, str) and ref.startswith(base):
-                out["$ref"] = "#/$defs/" + prefix + ref[len(base):]
-        return out
-
-    definitions = {name: d for key in _DEFINITIONS if isinstance(schema.get(key), dict)
-                   for name, d in schema[key].items()}
-    body = {k: v for k, v in schema.items() if k not in _DEFINITIONS}
-    return renamed(body), {prefix + name: renamed(d) for name, d in definitions.items()}
+        return schema
+    out = map_subschemas(schema, lambda keyword, pointer, sub: _rebased(sub, base))
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):  # (not "#name": an anchor)
+        out["$ref"] = base + ref[1:]
+    return out
 
 
 def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None) -> str:

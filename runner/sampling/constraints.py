@@ -23,6 +23,10 @@ KINDS = ("json_schema", "json_object", "lark", "gbnf")
 # JSON on one line with the usual separators: no run-away whitespace, and the keys and punctuation
 # between values are forced (jump-forward decodes them in one step)
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance's Earley rows grow by 2-4 items per optional property of an object (its default cap,
+# 2,000, failed a 1,100-property schema mid-reply); 10,000 keeps ~2,500 such properties working at
+# ~25 ms a mask on a CPU core, and bounds what one request's grammar costs the whole step
+MAX_ITEMS_IN_ROW = 10_000
 
 
 class ConstraintError(RunnerError):
@@ -63,10 +67,24 @@ def compile_constraint(spec: GrammarSpec, tokenizer: Any, n_vocab: int) -> Const
         grammar = grammar_text(spec.kind, spec.source)
     except Exception as exc:  # noqa: BLE001 - the translators raise assorted errors on bad input
         raise ConstraintError(f"{spec.param}: {exc}") from None
-    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=_parser_limits())
     if matcher.is_error():
         raise ConstraintError(f"{spec.param}: {matcher.get_error()}")
     return Constraint(matcher, n_vocab, (tokenizer.vocab_size + 31) // 32)
+
+
+@functools.cache
+def _parser_limits() -> Any:
+    """llguidance's limits, with errors that say what failed without the parser's state (kilobytes)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(max_items_in_row=MAX_ITEMS_IN_ROW, verbose_errors=False)
+
+
+def _reason(error: str) -> str:
+    """A failed step's error in one line (a non-verbose error still ends with a `<non-verbose/>` mark;
+    a grammar's compile errors keep their lines, which point at the fault)."""
+    return error.split("\n", 1)[0]
 
 
 _executor: Any = None  # llguidance's thread pool, made on first use
@@ -115,7 +133,7 @@ class Constraint:
     def advance(self, token_id: int) -> None:
         self.next_bits = None  # it was the mask before this token
         if not self.matcher.consume_token(token_id):
-            raise ConstraintError(f"the grammar cannot take token {token_id}: {self.matcher.get_error()}")
+            raise ConstraintError(f"the grammar cannot take token {token_id}: {_reason(self.matcher.get_error())}")
 
     def n_valid(self, token_ids: list[int]) -> int:
         """How many leading token_ids the grammar would take from here (drafts past that are cut)."""

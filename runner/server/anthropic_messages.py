@@ -191,23 +191,33 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     tools, ignored = _tools(body.get("tools"))
     choice, parallel = _tool_choice(body.get("tool_choice"), tools, ignored)
     show_thinking, budget = _thinking(body.get("thinking"), body.get("output_config"))
+    grammar = _output_format(body)
+    if tools and choice != "none" and grammar is not None:  # (the call's grammar would replace it)
+        raise invalid(f"give {grammar.param} or tools, not both", "tools")
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
-                          stop=stop, stream=stream, grammar=_output_format(body.get("output_config")))
+                          stop=stop, stream=stream, grammar=grammar)
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,
                       images=tuple(images.images),
                       ignored_tools=ignored, show_thinking=show_thinking, thinking_budget=budget)
 
 
-def _output_format(output_config: Any) -> GrammarSpec | None:
-    """Structured outputs: `output_config.format` {"type": "json_schema", "schema": {...}} is what the
-    reply's text must be (the JSON), as response_format is in OpenAI's API."""
-    fmt = output_config.get("format") if isinstance(output_config, dict) else None
-    if fmt is None:
+def _output_format(body: dict[str, Any]) -> GrammarSpec | None:
+    """Structured outputs: `output_config.format` {"type": "json_schema", "schema": {...}} (or the
+    structured-outputs beta's top-level `output_format`, the same object) is what the reply's text
+    must be (the JSON), as response_format is in OpenAI's API."""
+    config = body.get("output_config")
+    formats = {"output_config.format": config.get("format") if isinstance(config, dict) else None,
+               "output_format": body.get("output_format")}
+    given = {param: fmt for param, fmt in formats.items() if fmt is not None}
+    if not given:
         return None
+    if len(given) > 1 and formats["output_config.format"] != formats["output_format"]:
+        raise invalid("output_format and output_config.format differ: give one of them", "output_format")
+    param, fmt = next(iter(given.items()))
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise invalid('output_config.format must be {"type": "json_schema", "schema": {...}}', "output_config.format")
-    return GrammarSpec("json_schema", json.dumps(fmt["schema"]), "output_config.format")
+        raise invalid(f'{param} must be {{"type": "json_schema", "schema": {{...}}}}', param)
+    return GrammarSpec("json_schema", json.dumps(fmt["schema"]), param)
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:

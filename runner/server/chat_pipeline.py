@@ -100,6 +100,8 @@ async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
         raise invalid(str(exc), "messages", "invalid_messages") from None
     reading, common = None, params.common
     if tools:
+        # every dialect refuses a reply format beside tools at its edge: the tools' grammar replaces it here
+        assert common.grammar is None, "a reply format beside tools would be dropped"
         reading = ToolReading(state.facts.tool_syntax, tuple(tools))
         # required or a named function: the reply is a call; auto: a call once the reply starts one
         offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]

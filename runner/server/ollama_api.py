@@ -50,8 +50,11 @@ def parse_chat(body: dict[str, Any], ctx_size: int) -> ChatParams:
     turns = request_fields.system_first([_turn(i, m, images) for i, m in enumerate(messages)])
     tools = _tools(body.get("tools"))
     show_thinking, budget = _think(body.get("think"))
-    return ChatParams(common=_common(body, ctx_size), messages=turns, tools=tools,
-                      tool_choice=_tool_choice(body.get("tool_choice"), tools),
+    common = _common(body, ctx_size)
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    if tools and choice != "none" and common.grammar is not None:  # (the call's grammar would replace it)
+        raise invalid("give format or tools, not both", "tools")
+    return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
                       show_thinking=show_thinking, thinking_budget=budget, images=tuple(images.images))
 
 

@@ -178,3 +178,30 @@ def test_a_tool_schema_with_definitions_compiles_and_is_enforced(family: tuple[s
     n_valid, n = _n_valid(loaded, grammar, _call_text(syntax, [("add_items", {"items": [{"nom": "apple"}]})]))
     assert n_valid < n  # the definition is enforced, not dropped
 
+
+
+TREE = Tool("plant", "a tree of labelled nodes", {  # recursive: a node's children are nodes ("#")
+    "type": "object", "properties": {"label": {"type": "string", "maxLength": 5},
+                                     "children": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["label"]})
+PAIR = Tool("pair", "two of a kind", {  # one property refers to another; a constant holds a "$ref" key as data
+    "type": "object", "properties": {"a": {"enum": [1, 2]}, "b": {"$ref": "#/properties/a"},
+                                     "link": {"const": {"$ref": "#/$defs/x"}}},
+    "required": ["a", "b", "link"]})
+
+
+@pytest.mark.parametrize(("call", "is_valid"), [
+    (("plant", {"label": "root", "children": [{"label": "leaf", "children": []}]}), True),
+    (("plant", {"label": "root", "children": [{"name": "plant", "arguments": {"label": "leaf"}}]}), False),
+    (("pair", {"a": 1, "b": 2, "link": {"$ref": "#/$defs/x"}}), True),
+    (("pair", {"a": 1, "b": 3, "link": {"$ref": "#/$defs/x"}}), False),
+    (("pair", {"a": 1, "b": 2, "link": {"$ref": "#/$defs/tool1/$defs/x"}}), False),
+])
+def test_a_tools_root_relative_references_keep_meaning_its_parameters(family: tuple[str, LoadedModel],
+                                                                      call: tuple[str, dict], is_valid: bool) -> None:
+    """"#" pointed at the call (a child had to be a call), "#/properties/a" was a 400 (the call's root
+    has no such property), and a constant's "$ref" key was rewritten as if it were a reference."""
+    syntax, loaded = family
+    grammar = call_grammar(syntax, [TREE, PAIR], syntax != LLAMA3, JSON_LAYOUT)
+    n_valid, n = _n_valid(loaded, grammar, _call_text(syntax, [call]))
+    assert (n_valid == n) is is_valid

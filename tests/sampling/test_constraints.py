@@ -119,3 +119,49 @@ def test_a_lazy_grammar_whose_trigger_starts_inside_a_token_gives_up(model: Mode
     assert len(he) == 1  # "he" is one token of the tiny vocabulary: "e" starts inside it
     lazy.advance(he[0])
     assert not lazy.is_active and lazy.n_valid([1, 2]) == 2
+
+
+@pytest.mark.parametrize(("schema", "instance"), [
+    ({"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"],
+      "anyOf": [{"properties": {"meow": {"type": "boolean"}}, "required": ["meow"]},
+                {"properties": {"bark": {"type": "boolean"}}, "required": ["bark"]}]},
+     {"kind": "cat", "meow": True}),
+    ({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+      "$ref": "#/$defs/base", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+     {"id": 7, "name": "x"}),
+    ({"$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+      "allOf": [{"$ref": "#/$defs/base"}], "properties": {"name": {"type": "string"}}, "required": ["name", "id"]},
+     {"id": 7, "name": "x"}),  # (llguidance writes the merged properties in order: the $ref's first)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, {"b": 1}),
+])
+def test_a_schema_that_composes_objects_compiles_and_takes_its_instances(model: Model, schema: dict,
+                                                                         instance: dict) -> None:
+    """Closed as if each object stood alone, these were a 400: "required property 'x' is unsatisfiable"."""
+    c = compile_(model, "json_schema", json.dumps(schema))
+    ids = model.tokenize(json.dumps(instance), add_special=False, parse_special=False)
+    assert c.n_valid(ids) == len(ids)
+
+
+def _optional_integers(n: int) -> str:
+    return json.dumps({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+                       "required": ["p0", "p1", "p2"]})
+
+
+def test_an_object_of_a_thousand_optional_properties_is_followed_to_its_end(model: Model) -> None:
+    """llguidance's default row limit (2,000 items) failed it at the first optional property's comma."""
+    c = compile_(model, "json_schema", _optional_integers(1100))
+    for t in model.tokenize('{"p0": 1, "p1": 2, "p2": 3, "p17": 4, "p1099": 5}', add_special=False,
+                            parse_special=False):
+        c.advance(t)
+    assert c.is_done
+
+
+def test_a_grammar_past_the_parsers_limits_fails_in_one_line(model: Model) -> None:
+    """(the error carried kilobytes of the parser's state)"""
+    c = compile_(model, "json_schema", _optional_integers(6000))
+    ids = model.tokenize('{"p0": 1, "p1": 2, "p2": 3, ', add_special=False, parse_special=False)
+    with pytest.raises(ConstraintError) as caught:
+        for t in ids:
+            c.advance(t)
+    assert str(caught.value) == (f"the grammar cannot take token {ids[-2]}: Parser Error: Current row has 11995 items; "
+                                 "max is 10000; consider making your grammar left-recursive if it's right-recursive")

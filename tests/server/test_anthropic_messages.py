@@ -62,6 +62,42 @@ def test_with_every_tool_left_out_auto_means_no_tools() -> None:
                         "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
 
 
+PET = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+       "required": ["name", "legs"]}
+AS_PET = {"type": "json_schema", "schema": PET}
+
+
+@pytest.mark.parametrize("fields", [{"output_format": AS_PET}, {"output_format": AS_PET,
+                                                                "output_config": {"format": AS_PET}}])
+def test_the_betas_output_format_is_read_as_output_config_format(fields: dict) -> None:
+    """(the structured-outputs beta's top-level field was ignored: free text)"""
+    grammar = parse_messages({"max_tokens": 5, "messages": ASK, **fields}).common.grammar
+    assert grammar is not None and (grammar.kind, json.loads(grammar.source)) == ("json_schema", PET)
+
+
+@pytest.mark.parametrize(("fields", "message", "param"), [
+    ({"output_format": AS_PET, "output_config": {"format": {**AS_PET, "schema": {"type": "object"}}}},
+     "output_format and output_config.format differ: give one of them", "output_format"),
+    ({"output_format": {"type": "json_object"}}, 'output_format must be {"type": "json_schema", "schema": {...}}',
+     "output_format"),
+    ({"output_config": {"format": AS_PET}, "tools": [WEATHER]}, "give output_config.format or tools, not both",
+     "tools"),
+    ({"output_format": AS_PET, "tools": [WEATHER], "tool_choice": {"type": "any"}},
+     "give output_format or tools, not both", "tools"),
+])
+def test_a_format_beside_tools_or_beside_a_different_one_is_refused(fields: dict, message: str, param: str) -> None:
+    """(beside tools the format was dropped: the tools' grammar replaced it)"""
+    with pytest.raises(ApiError) as caught:
+        parse_messages({"max_tokens": 5, "messages": ASK, **fields})
+    assert (caught.value.status, caught.value.message, caught.value.param) == (400, message, param)
+
+
+def test_with_tool_choice_none_a_format_beside_tools_holds() -> None:
+    params = parse_messages({"max_tokens": 5, "messages": ASK, "output_config": {"format": AS_PET}, "tools": [WEATHER],
+                             "tool_choice": {"type": "none"}})
+    assert params.common.grammar is not None and params.common.grammar.param == "output_config.format"
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0"),
@@ -109,14 +145,21 @@ def test_a_prefilled_reply_is_continued(client: anthropic.Anthropic) -> None:
 
 
 @pytest.mark.model
-def test_structured_output_follows_output_config_format(client: anthropic.Anthropic) -> None:
-    """(it was ignored: free text, and the SDK's messages.parse failed on it)"""
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
-              "required": ["name", "legs"]}
+@pytest.mark.parametrize("fields", [{"output_config": {"format": AS_PET}}, {"output_format": AS_PET}])
+def test_structured_output_follows_output_config_format(client: anthropic.Anthropic, fields: dict) -> None:
+    """(it was ignored: free text, and the SDK's messages.parse failed on it; the beta's output_format too)"""
     reply = client.messages.create(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Invent a pet."}],
-                                   extra_body={"temperature": 0,
-                                               "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+                                   extra_body={"temperature": 0, **fields})
     assert reply.stop_reason == "end_turn" and set(json.loads(reply.content[0].text)) == {"name", "legs"}
+
+
+@pytest.mark.model
+def test_a_format_beside_tools_is_a_400_in_anthropics_envelope(server: ServerProcess) -> None:
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "s3cret"}, timeout=30,
+                   json={"model": MODEL, "max_tokens": 20, "messages": ASK, "tools": [WEATHER],
+                         "output_config": {"format": AS_PET}})
+    assert (r.status_code, r.json()) == (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "give output_config.format or tools, not both"}})
 
 
 @pytest.mark.model

@@ -50,6 +50,20 @@ def test_bad_fields_are_a_400_naming_them(body: dict, field: str) -> None:
     assert caught.value.status == 400 and field in caught.value.message
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("fmt", ["json", {"type": "object", "properties": {"a": {"type": "integer"}}}])
+def test_a_format_beside_tools_is_a_400_naming_both(fmt: object) -> None:
+    """(the format was dropped: the tools' grammar replaced it)"""
+    with pytest.raises(ApiError) as caught:
+        chat(format=fmt, tools=[WEATHER])
+    assert (caught.value.status, caught.value.message) == (400, "give format or tools, not both")
+    kept = chat(format=fmt, tools=[WEATHER], tool_choice="none")  # (no call to make: the format holds)
+    assert kept.common.grammar is not None and kept.common.grammar.param == "format"
+
+
 def test_generate_is_a_user_turn_with_its_system_or_the_raw_prompt() -> None:
     turned = parse_generate({"model": "m", "prompt": "hi", "system": "be brief"}, CTX)
     assert isinstance(turned, ChatParams)

@@ -111,3 +111,29 @@ def test_what_cannot_compile_is_a_400_naming_the_field(server: ServerProcess, cl
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, "invalid_grammar")
     assert client.chat.completions.create(model=MODEL, messages=messages("Hi"), max_tokens=3).choices  # still serving
+
+
+def _optional_integers(n: int) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "many", "schema": {
+        "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)},
+        "required": ["p0", "p1", "p2"]}}}}
+
+
+def test_an_object_of_a_thousand_optional_properties_is_followed(server: ServerProcess) -> None:
+    """It was a 500 at the first optional property's comma (llguidance's row limit, 2,000 items)."""
+    r = server.post("/v1/chat/completions", json={"messages": messages("Reply with a JSON object."), "temperature": 0,
+                                                  "max_tokens": 40, **_optional_integers(1100)})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == (
+        "length", '{"p0": 123, "p1": 123, "p2": 123, "p3": 123, "p4":')
+
+
+def test_a_schema_past_the_parsers_limit_fails_mid_reply_in_one_line(server: ServerProcess) -> None:
+    """(the message carried kilobytes of llguidance's parser state)"""
+    r = server.post("/v1/chat/completions", json={"messages": messages("Reply with a JSON object."), "temperature": 0,
+                                                  "max_tokens": 40, **_optional_integers(6000)})
+    assert (r.status_code, r.json()) == (500, {"error": {
+        "message": "internal error: ConstraintError: the grammar cannot take token 28: Parser Error: Current row has "
+                   "11995 items; max is 10000; consider making your grammar left-recursive if it's right-recursive",
+        "type": "server_error", "param": None, "code": "generation_failed"}})
