@@ -55,6 +55,7 @@ def test_a_ctrl_c_waits_for_load_time_decodes_before_it_is_raised() -> None:
     """The caller frees the model on a KeyboardInterrupt: the scratch thread's work must be over by
     then (the join was cut short: a segfault as `runner run` was stopped while warming up)."""
     import _thread
+    import signal
 
     import pytest
 
@@ -69,10 +70,14 @@ def test_a_ctrl_c_waits_for_load_time_decodes_before_it_is_raised() -> None:
         done.set()
         return "done"
 
+    # (Python's own Ctrl-C handler: a shell running this in the background ignores SIGINT, and then
+    # interrupt_main does nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             in_scratch_thread(work)
     finally:
+        signal.signal(signal.SIGINT, previous)
         llama._has_decoded.team = team
     assert done.is_set()
 
