@@ -118,18 +118,17 @@ class Sequence:
         # (row 0 decides the token after the prompt and the output so far)
         verdict = verify(self.sampler, rows, draft_ids, len(self.prompt_ids) + len(self.output_ids))
         self.n_draft_proposed += len(draft_ids)
-        n_before, n_decided = len(self.output_ids), 0
-        for i, token_id in enumerate(verdict.committed_ids):
-            is_draft = i < verdict.n_accepted
-            # (counted before the commit: the final event's usage is taken as it ends the reply)
-            self.n_draft_accepted += is_draft and token_id not in self.eog_ids
-            n_decided += 1
-            if not self._commit(token_id, rows, i, is_draft, n_ctx_left - i):
-                break
         # drafts past the reply's end (its end-of-generation token, a stop string, its length) were
         # verified but are not in it: they count as neither accepted nor generated
-        n_accepted = min(verdict.n_accepted, len(self.output_ids) - n_before)
-        return n_accepted, n_decided, None if self.is_finished else verdict.committed_ids[-1]
+        n_taken = 0
+        for i, token_id in enumerate(verdict.committed_ids):  # (never empty: the target's own token ends it)
+            is_draft = i < verdict.n_accepted
+            if is_draft and token_id not in self.eog_ids:  # (counted before the commit: the final
+                n_taken += 1                                # event's usage is taken as it ends the reply)
+                self.n_draft_accepted += 1
+            if not self._commit(token_id, rows, i, is_draft, n_ctx_left - i):
+                break
+        return n_taken, i + 1, None if self.is_finished else verdict.committed_ids[-1]
 
     def _commit(self, token_id: int, rows: np.ndarray, i: int, is_draft: bool, n_ctx_left: int) -> bool:
         """Stream one decided token (decided on rows[i]); False when it ends the request."""
