@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from runner.core.errors import OptionError
+from runner.core.ranges import is_within, span
 from runner.sampling.params import SamplingParams
 
 T = TypeVar("T")
@@ -54,16 +54,6 @@ def in_range(kind: type, lo: float | None = None, hi: float | None = None) -> Ca
 
     parse.__name__ = kind.__name__
     return parse
-
-
-def is_within(value: float, lo: float | None, hi: float | None) -> bool:
-    return math.isfinite(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
-
-
-def span(lo: float | None, hi: float | None) -> str:
-    if lo is not None and hi is not None:
-        return f"from {lo:g} to {hi:g}"
-    return f"at least {lo:g}" if lo is not None else f"at most {hi:g}" if hi is not None else "a finite number"
 
 
 PORT = in_range(int, 0, 65535)

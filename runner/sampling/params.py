@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from runner.core.errors import InputError
+from runner.core.ranges import is_within, span
 
 GREEDY_EPS = 1e-5
 
@@ -70,13 +70,10 @@ def _is_whole(value: Any) -> bool:
 
 
 def _check_number(name: str, value: Any, whole: bool, bounds: tuple[float | None, float | None]) -> None:
-    lo, hi = bounds
     is_number = _is_whole(value) if whole else isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if is_number and math.isfinite(value) and (lo is None or value >= lo) and (hi is None or value <= hi):
+    if is_number and is_within(value, *bounds):
         return
-    kind = "a whole number" if whole else "a number"
-    where = (f"from {lo:g} to {hi:g}" if hi is not None else f"of at least {lo:g}") if lo is not None else "(finite)"
-    raise InputError(f"{name} must be {kind} {where}, got {value!r:.80}")
+    raise InputError(f"{name} must be {'a whole number' if whole else 'a number'} {span(*bounds)}, got {value!r:.80}")
 
 
 def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
