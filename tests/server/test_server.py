@@ -194,7 +194,7 @@ def test_disconnect_frees_the_slot_and_the_queued_request_starts(server: ServerP
     assert victim not in [s["request_id"] for s in server.get("/slots").json()]
     for cm in streams[1:]:
         cm.__exit__(None, None, None)
-    slots = server.wait_all_idle(timeout_s=5)
+    slots = server.wait_all_idle(timeout_s=30)  # (a bound on waiting: a loaded CI notices disconnects later)
     assert [s["state"] for s in slots] == ["idle"] * 4
 
 
