@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("embed", cmd_embed, "print each text's embedding (a JSON array per line; texts from stdin when none given)")
     p.add_argument("model", help="a .gguf path, a catalog name or hf.co/ORG/REPO[:QUANT]")
-    p.add_argument("text", nargs="*", type=_text, help="texts to embed")
+    p.add_argument("text", nargs="*", default=[], type=_text, help="texts to embed")
     _quiet_flag(p)
     add_flags(p, EngineOptions, {"parallel": 1})
 

@@ -213,6 +213,13 @@ def test_a_negative_seed_and_bytes_that_are_not_utf8_still_get_a_reply(tiny_gguf
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
 
 
+def test_embed_without_a_model_asks_for_the_model_only() -> None:
+    """Texts may come from stdin, so argparse's usage line names only the model as required."""
+    proc = runner("embed")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "runner embed: error: the following arguments are required: model"
+
+
 def test_embed_refuses_an_empty_text_in_one_line(tiny_gguf: Path) -> None:
     assert_one_line_error(runner("embed", str(tiny_gguf), "a", "", "-q"), "text 2 is empty")
 
