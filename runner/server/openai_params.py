@@ -246,7 +246,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     if tools and choice != "none" and common.grammar is not None:
-        raise invalid("give response_format or tools, not both", "tools")
+        raise invalid(f"give {common.grammar.param} or tools, not both", "tools")
     if tools and choice != "none" and common.beam is not None:
         raise invalid("beam search does not call tools here", "use_beam_search")
     parallel = body.get("parallel_tool_calls", True)

@@ -178,3 +178,12 @@ def test_bad_tools_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as caught:
         parse_chat({"messages": MSG, **body})
     assert (caught.value.status, caught.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("response_format", {"type": "json_object"}), ("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
+])
+def test_a_grammar_beside_tools_names_the_field_given(field: str, value: object) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"messages": MSG, "tools": [TOOL], field: value})
+    assert (caught.value.status, caught.value.message) == (400, f"give {field} or tools, not both")
