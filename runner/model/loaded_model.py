@@ -186,12 +186,12 @@ class LoadedModel:
         p = self.projector
         return ("text",) + (("image",) if p and p.takes_images else ()) + (("audio",) if p and p.takes_audio else ())
 
-    def image_chunk(self, data: bytes, kind: str | None = None) -> ImageChunk:
-        """An image (or an audio clip: `kind` 'audio', None for either) as its prompt span, encoded
-        on the caller's thread (the engine's steps go on meanwhile); MediaError when the projector
-        cannot read it or takes no such input."""
+    def media_chunks(self, data: bytes, kind: str | None = None) -> tuple[ImageChunk, ...]:
+        """An image (or an audio clip: `kind` 'audio', None for either) as its prompt spans (a clip
+        one per window), encoded on the caller's thread (the engine's steps go on meanwhile);
+        MediaError when the projector cannot read it or takes no such input."""
         assert self.projector is not None and self.runner.images is not None
-        return self.runner.images.ready(self.projector.chunk(data, kind))
+        return tuple(self.runner.images.ready(chunk) for chunk in self.projector.chunks(data, kind))
 
     def _wants_mtp(self, store: ModelStore, ref: ModelRef | None, log: Callable[[str], None]) -> bool:
         """Draft with the model's own MTP layers? With --spec mtp (refused with one line where the
@@ -380,9 +380,10 @@ class LoadedModel:
         return self.chat_prompt(messages, tools)[0]
 
     def chat_prompt(self, messages: list[Message], tools: list[Tool] | None = None,
-                    images: Sequence[ImageChunk] = ()) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
-        """chat_prompt_ids with images: each IMAGE_MARK in the contents becomes the next image's span
-        (placeholder ids; the spans say where). TemplateError if the marks and images disagree."""
+                    images: Sequence[Sequence[ImageChunk]] = ()) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
+        """chat_prompt_ids with images (each one's chunks, media_chunks): each IMAGE_MARK in the
+        contents becomes the next image's spans (placeholder ids; the spans say where). TemplateError
+        if the marks and images disagree."""
         prompt = PromptWithImages(self.model, images)
         last = messages[-1] if messages else None
         # a conversation that ends with the assistant's words is continued from them (a prefill, as
@@ -463,9 +464,9 @@ class LoadedModel:
 
 
 class PromptWithImages:
-    """Token ids built piece by piece; each image mark in a piece (`image_mark(i)`) is image i's span."""
+    """Token ids built piece by piece; each image mark in a piece (`image_mark(i)`) is image i's spans."""
 
-    def __init__(self, model: LlamaModel, images: Sequence[ImageChunk]) -> None:
+    def __init__(self, model: LlamaModel, images: Sequence[Sequence[ImageChunk]]) -> None:
         self._model = model
         self._images = list(images)
         self._ids: list[int] = []
@@ -488,15 +489,15 @@ class PromptWithImages:
         if not 0 <= index < len(self._images) or index in self._placed:
             raise TemplateError("a message holds a stray image mark (U+E001)")
         self._placed.add(index)
-        image = self._images[index]
-        self._ids += image.before
-        self._spans.append(MediaSpan(len(self._ids), image.n_tokens, image.key, image))
-        self._ids += [media_placeholder(image.key)] * image.n_tokens
-        self._ids += image.after
+        for chunk in self._images[index]:
+            self._ids += chunk.before
+            self._spans.append(MediaSpan(len(self._ids), chunk.n_tokens, chunk.key, chunk))
+            self._ids += [media_placeholder(chunk.key)] * chunk.n_tokens
+            self._ids += chunk.after
 
     def finish(self) -> tuple[tuple[int, ...], tuple[MediaSpan, ...]]:
-        if len(self._spans) != len(self._images):
-            raise TemplateError(f"the chat template kept {len(self._spans)} of the request's {len(self._images)} "
+        if len(self._placed) != len(self._images):
+            raise TemplateError(f"the chat template kept {len(self._placed)} of the request's {len(self._images)} "
                                 "images")
         if self._spans and self._spans[-1].end >= len(self._ids):
             raise TemplateError("the prompt may not end with an image: text must follow it")

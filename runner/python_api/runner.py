@@ -194,7 +194,7 @@ class Runner:
             except RunnerError:  # (closed by another thread while stepping: nothing is left to free)
                 pass
 
-    def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
+    def stream_chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path | str] = (),
                     **kwargs: Any) -> Iterator[StreamEvent]:
         """`images`: the conversation's images in order (PNG, JPEG, ... bytes or files; audio clips
         too, WAV, MP3, FLAC, where the projector hears), each placed where a message's content holds
@@ -206,21 +206,22 @@ class Runner:
         prompt_ids, media = self.loaded.chat_prompt(_messages(messages), None, self._image_chunks(images))
         return self.stream(self.request(prompt_ids, media=tuple(media), **kwargs))
 
-    def chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path] = (),
+    def chat(self, messages: list[dict[str, str]] | list[Message], images: Sequence[bytes | Path | str] = (),
              **kwargs: Any) -> str:
         return _text(self.stream_chat(messages, images, **kwargs))
 
-    def _image_chunks(self, images: Sequence[bytes | Path]) -> list[Any]:
+    def _image_chunks(self, images: Sequence[bytes | Path | str]) -> list[Any]:
         """Each image (or audio clip: wav, mp3, flac, told apart from the bytes) as the model's span,
-        encoded (LoadedModel.image_chunk)."""
+        encoded (LoadedModel.media_chunks)."""
         if not (self.loaded.facts.takes_images or self.loaded.facts.takes_audio):
             raise RunnerError(f"{self.loaded.name} takes no images: give it a vision projector (--mmproj FILE)")
         chunks = []
         for image in images:
+            image = Path(image) if isinstance(image, str) else image  # (a path, as the model may be given)
             where = str(image) if isinstance(image, Path) else f"image {len(chunks) + 1}"
             try:
                 data = image.read_bytes() if isinstance(image, Path) else image
-                chunks.append(self.loaded.image_chunk(data))
+                chunks.append(self.loaded.media_chunks(data))
             except OSError as exc:
                 raise RunnerError(f"cannot read {where}: {exc.strerror}") from None
             except ValueError as exc:  # (runtime.mtmd.MediaError)

@@ -1,9 +1,10 @@
 """The one module that imports llama.cpp's libmtmd: a vision (or audio) projector beside a text model.
 
-An image becomes an `ImageChunk`: the text tokens the projector wants around it (a model's
-<start_of_image> and the like) and the image's own span, n_tokens positions that are decoded from
-the projector's embeddings rather than from tokens. Encoding (the vision encoder) and decoding
-(its rows into one KV sequence) run on the engine's thread, one image per step.
+An image becomes one `ImageChunk` (an audio clip one per 30-second window of a whisper-style
+encoder): the text tokens the projector wants around it (a model's <start_of_image> and the like)
+and the span itself, n_tokens positions that are decoded from the projector's embeddings rather
+than from tokens. Encoding (the vision encoder) and decoding (its rows into one KV sequence) run
+on the engine's thread, one span per step.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ UNREADABLE = {"image": "the image could not be decoded (png, jpeg, gif, bmp and 
 
 @dataclass(frozen=True)
 class ImageChunk:
-    """One image as the prompt holds it: tokens before, the span, tokens after."""
+    """One span of an image or clip as the prompt holds it: tokens before, the span, tokens after."""
 
-    key: str  # the content's SHA-256 (libmtmd's id): equal images (or clips) are equal spans
+    key: str  # the content's SHA-256 (libmtmd's id; a clip's windows add their index): equal content, equal spans
     n_tokens: int  # positions the span takes in the KV (and in the prompt)
     n_pos: int  # how far positions advance (M-RoPE models: not the token count)
     before: tuple[int, ...]
@@ -85,14 +86,16 @@ class Projector:
         self._lock = threading.Lock()  # one libmtmd call at a time (chunks are made on request threads)
         self.n_encodes = 0  # images run through the encoder (tests count them)
 
-    def chunk(self, data: bytes, kind: str | None = None) -> ImageChunk:
-        """The image (png, jpeg, gif, bmp...) or audio clip (wav, mp3, flac) as a prompt span, told
-        apart by libmtmd from the bytes; MediaError if it cannot read it, if it is not `kind`, or if
-        this projector takes no such input."""
+    def chunks(self, data: bytes, kind: str | None = None) -> tuple[ImageChunk, ...]:
+        """The image (png, jpeg, gif, bmp...) or audio clip (wav, mp3, flac) as its prompt spans (an
+        image one, a clip one per window), told apart by libmtmd from the bytes; MediaError if it
+        cannot read it, if it is not `kind`, or if this projector takes no such input."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with self._lock:
             bitmap = _mtmd.mtmd_helper_bitmap_init_from_buf(self._ptr, buf, len(data), False)
             if not bitmap:  # (said for what this projector takes, where the caller did not say)
+                if kind is None and looks_like_audio(data) and not self.takes_audio:
+                    raise MediaError("this model's projector takes no audio")  # (libmtmd reads no clip then)
                 takes = ("image",) * self.takes_images + ("audio",) * self.takes_audio
                 raise MediaError(UNREADABLE[kind or (takes[0] if len(takes) == 1 else None)])
             try:
@@ -108,7 +111,7 @@ class Projector:
             finally:
                 _mtmd.mtmd_bitmap_free(bitmap)
 
-    def _tokenize(self, bitmap: int) -> ImageChunk:
+    def _tokenize(self, bitmap: int) -> tuple[ImageChunk, ...]:
         chunks = _mtmd.mtmd_input_chunks_init()
         try:
             text = _mtmd.mtmd_input_text()
@@ -118,24 +121,31 @@ class Projector:
             rc = _mtmd.mtmd_tokenize(self._ptr, chunks, ctypes.byref(text), bitmaps, 1)
             if rc != 0:
                 raise MediaError(f"the image could not be prepared for this projector (libmtmd code {rc})")
-            before: list[int] = []
-            after: list[int] = []
-            media = None
+            texts: list[list[int]] = [[]]  # the text before each span, then after the last
+            media = []
             for i in range(_mtmd.mtmd_input_chunks_size(chunks)):
                 chunk = _mtmd.mtmd_input_chunks_get(chunks, i)
                 if _mtmd.mtmd_input_chunk_get_type(chunk) == CHUNK_TEXT:
-                    (after if media is not None else before).extend(_text_tokens(chunk))
-                elif media is None:
-                    media = chunk
-            if media is None:
+                    texts[-1].extend(_text_tokens(chunk))
+                else:
+                    media.append(chunk)
+                    texts.append([])
+            if not media:
                 raise MediaError("the projector made no image span of this image")
-            key = (_mtmd.mtmd_input_chunk_get_id(media) or b"").decode()
-            handle = _ChunkHandle(_mtmd.mtmd_input_chunk_copy(media))
-            return ImageChunk(key, int(_mtmd.mtmd_input_chunk_get_n_tokens(media)),
-                              int(_mtmd.mtmd_input_chunk_get_n_pos(media)), tuple(before), tuple(after), handle,
-                              kind=KINDS.get(_mtmd.mtmd_input_chunk_get_type(media), "image"))
+            spans = []
+            for i, chunk in enumerate(media):  # (a clip's windows share its id: each key adds its index)
+                key = (_mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode() + (f":{i}" if len(media) > 1 else "")
+                spans.append(self._span(chunk, key, texts[i], texts[-1] if i == len(media) - 1 else []))
+            return tuple(spans)
         finally:
             _mtmd.mtmd_input_chunks_free(chunks)
+
+    @staticmethod
+    def _span(chunk: int, key: str, before: list[int], after: list[int]) -> ImageChunk:
+        """One media chunk as an ImageChunk that owns a copy of it (the list it came from is freed)."""
+        return ImageChunk(key, int(_mtmd.mtmd_input_chunk_get_n_tokens(chunk)), int(_mtmd.mtmd_input_chunk_get_n_pos(chunk)),
+                          tuple(before), tuple(after), _ChunkHandle(_mtmd.mtmd_input_chunk_copy(chunk)),
+                          kind=KINDS.get(_mtmd.mtmd_input_chunk_get_type(chunk), "image"))
 
     def encode(self, image: ImageChunk) -> np.ndarray:
         """The image's embeddings, (n_tokens, n_embd) float32, owned by the caller."""
@@ -166,6 +176,12 @@ class Projector:
         if self._ptr:
             _mtmd.mtmd_free(self._ptr)
             self._ptr = None
+
+
+def looks_like_audio(data: bytes) -> bool:
+    """WAV, FLAC or MP3 by their first bytes (an ID3 tag, or an MPEG frame's sync bits)."""
+    return ((data[:4] == b"RIFF" and data[8:12] == b"WAVE") or data[:4] == b"fLaC" or data[:3] == b"ID3"
+            or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0))
 
 
 def _text_tokens(chunk: int) -> list[int]:

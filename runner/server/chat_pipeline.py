@@ -130,7 +130,7 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
                 refuse_remote(image)
             data = await run_in_threadpool(fetch, image)
         try:
-            chunks.append(await run_in_threadpool(state.loaded.image_chunk, data, image.kind))
+            chunks.append(await run_in_threadpool(state.loaded.media_chunks, data, image.kind))
         except ValueError as exc:  # (runtime.mtmd.MediaError)
             raise invalid(f"{image.where}: {exc}", image.where, f"invalid_{image.kind}") from None
         except RuntimeError as exc:  # the projector failed to encode it: the server's fault, said as it is

@@ -30,7 +30,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def request(loaded: Any, text: str, n: int = 10, request_id: str = "r") -> GenerationRequest:
-    ids, spans = loaded.chat_prompt([Message("user", image_mark(0) + text)], None, [loaded.image_chunk(PNG)])
+    ids, spans = loaded.chat_prompt([Message("user", image_mark(0) + text)], None, [loaded.media_chunks(PNG)])
     return GenerationRequest(request_id, tuple(ids), SamplingParams(temperature=0), n, media=tuple(spans), ignore_eos=True)
 
 
@@ -45,7 +45,7 @@ def by_hand(loaded: Any, req: GenerationRequest, n: int) -> list[int]:
         batch = Batch(128)
         batch.add(0, ids[: span.start], 0, 0)
         context.decode(batch)
-        image = loaded.image_chunk(PNG)
+        (image,) = loaded.media_chunks(PNG)
         pos = loaded.projector.decode(context, image, image.embeddings, 0, span.start)
         assert pos == span.start + N_POS and context.kv_pos_max(0) == span.start  # (every image cell at its first position)
         out, tail = [], ids[span.end :]
@@ -64,7 +64,7 @@ def test_text_after_an_image_continues_at_its_position_plus_n_pos(files: tuple[P
     loaded = load_tiny(files[0], 2, mmproj=str(files[1]))
     try:
         assert loaded.projector.uses_mrope
-        image = loaded.image_chunk(PNG)
+        (image,) = loaded.media_chunks(PNG)
         assert (image.n_tokens, image.n_pos) == (N_TOKENS, N_POS)
         req = request(loaded, "what is this?")
         expected = by_hand(loaded, req, 10)

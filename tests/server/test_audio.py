@@ -15,6 +15,7 @@ import pytest
 
 from engines import in_process_server, load_tiny
 from runner import Runner
+from runner.core.errors import RunnerError
 from runner.prompt.chat_template import image_mark
 from tiny_audio_mmproj import wav_bytes, write_tiny_audio_mmproj
 from tiny_mmproj import png_bytes, write_tiny_mmproj
@@ -87,6 +88,10 @@ def test_audio_to_a_model_that_only_sees_is_a_400(tiny_gguf: Path, tmp_path: Pat
         r = post(client, [audio_part()])
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_takes_no_audio"
     assert r.json()["error"]["message"].startswith("messages[0].content[1]: this model takes no audio")
+    with Runner(tiny_gguf, mmproj=str(tmp_path / "mmproj.gguf"), ctx_size=512, log=lambda _: None) as api:
+        with pytest.raises(RunnerError) as caught:  # (bytes of either kind: told apart by their header)
+            api.chat([{"role": "user", "content": image_mark(0) + "what is this?"}], images=[WAV], max_tokens=1)
+    assert str(caught.value) == "image 1: this model's projector takes no audio"
 
 
 def test_the_cli_and_the_python_api_send_a_clip(tiny_gguf: Path, audio_mmproj: Path, tmp_path: Path) -> None:
@@ -99,5 +104,34 @@ def test_the_cli_and_the_python_api_send_a_clip(tiny_gguf: Path, audio_mmproj: P
     with Runner(tiny_gguf, mmproj=str(audio_mmproj), ctx_size=512, log=lambda _: None) as api:
         expected = api.chat([{"role": "user", "content": image_mark(0) + "what is this?"}], images=[clip],
                             temperature=0.0, max_tokens=8)
+        as_text = api.chat([{"role": "user", "content": image_mark(0) + "what is this?"}], images=[str(clip)],
+                           temperature=0.0, max_tokens=8)  # (a path given as a str, as the model may be)
         plain = api.chat([{"role": "user", "content": "what is this?"}], temperature=0.0, max_tokens=8)
-    assert out.stdout == expected + "\n" and expected != plain
+    assert out.stdout == expected + "\n" and expected != plain and as_text == expected
+
+
+def test_a_clip_longer_than_one_window_is_every_window_of_the_prompt(hearing: Any) -> None:
+    """A whisper-style encoder hears 30 seconds at a time: a 40 s clip is two spans, and what is
+    said after the first 30 s reaches the model (a clip was cut to its first window)."""
+    def clip(tail_hz: float) -> bytes:
+        import io
+        import wave
+
+        def samples(wav: bytes) -> bytes:
+            with wave.open(io.BytesIO(wav)) as f:
+                return f.readframes(f.getnframes())
+        out = io.BytesIO()
+        with wave.open(out, "wb") as f:
+            f.setnchannels(1)
+            f.setsampwidth(2)
+            f.setframerate(16000)
+            f.writeframes(samples(wav_bytes(30.0, 440.0)) + samples(wav_bytes(10.0, tail_hz)))
+        return out.getvalue()
+
+    short, tone_tail, other_tail = post(hearing, [audio_part()]), post(hearing, [audio_part(clip(440.0))]), \
+        post(hearing, [audio_part(clip(1760.0))])
+    assert short.status_code == tone_tail.status_code == other_tail.status_code == 200, other_tail.text
+    assert tone_tail.json()["usage"]["prompt_tokens"] == short.json()["usage"]["prompt_tokens"] + N_AUDIO_TOKENS
+    assert other_tail.json()["choices"][0]["message"]["content"] != tone_tail.json()["choices"][0]["message"]["content"]
+    again = post(hearing, [audio_part(clip(1760.0))])  # (its KV reused: the same reply)
+    assert again.json()["choices"][0]["message"]["content"] == other_tail.json()["choices"][0]["message"]["content"]

@@ -70,7 +70,7 @@ def test_an_image_is_spanned_between_text_and_changes_the_greedy_reply(vision: t
 def _one_image_prompt(loaded: Any) -> tuple[list, None, list]:
     from runner.prompt.chat_template import Message, image_mark
 
-    return [Message("user", f"what is {image_mark(0)} this?")], None, [loaded.image_chunk(PNG)]
+    return [Message("user", f"what is {image_mark(0)} this?")], None, [loaded.media_chunks(PNG)]
 
 
 def test_the_next_turn_reuses_the_images_kv_and_an_evicted_image_is_not_encoded_again(
@@ -105,9 +105,10 @@ def test_an_image_is_encoded_on_the_requests_thread_and_the_engine_only_decodes_
     loaded = load_tiny(tiny_gguf, 1, mmproj=str(mmproj))
     try:
         images = loaded.runner.images
-        messages, tools, chunks = _one_image_prompt(loaded)  # image_chunk: what the pipeline calls off the engine
-        assert images.n_encodes == 1 and chunks[0].embeddings is not None
-        assert chunks[0].embeddings.shape == (chunks[0].n_tokens, images.projector.n_embd)
+        messages, tools, chunks = _one_image_prompt(loaded)  # media_chunks: what the pipeline calls off the engine
+        ((chunk,),) = chunks
+        assert images.n_encodes == 1 and chunk.embeddings is not None
+        assert chunk.embeddings.shape == (chunk.n_tokens, images.projector.n_embd)
         images.cache = MediaCache(images.cache.max_bytes)  # not there: an engine that ignored them would encode
         ids, spans = loaded.chat_prompt(messages, tools, chunks)
         events = submit_all(loaded.engine, [GenerationRequest("i", ids, SamplingParams(temperature=0.0),
