@@ -21,6 +21,7 @@ from llama_cpp import mtmd_cpp as _mtmd
 
 from runner.core.errors import ModelLoadError
 from runner.runtime.llama import Context, Model, init_backend, log_callback, recent_log
+from runner.runtime.webp import is_webp, webp_as_png
 
 CHUNK_TEXT, CHUNK_IMAGE, CHUNK_AUDIO = 0, 1, 2
 _NO_CALLBACK = _mtmd.mtmd_helper_post_decode_callback()
@@ -90,6 +91,11 @@ class Projector:
         """The image (png, jpeg, gif, bmp...) or audio clip (wav, mp3, flac) as its prompt spans (an
         image one, a clip one per window), told apart by libmtmd from the bytes; MediaError if it
         cannot read it, if it is not `kind`, or if this projector takes no such input."""
+        if is_webp(data):  # (libmtmd would hand it to ffmpeg, where one is installed)
+            png = webp_as_png(data)
+            if png is None:
+                raise MediaError(UNREADABLE["image"])
+            data = png
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with self._lock:
             bitmap = _mtmd.mtmd_helper_bitmap_init_from_buf(self._ptr, buf, len(data), False)

@@ -5,6 +5,8 @@ slot's KV, then the cache of encoded images), two slots side by side, and every 
 from __future__ import annotations
 
 import base64
+import json
+import io
 import resource
 import struct
 import threading
@@ -223,6 +225,40 @@ def test_bad_images_are_400s_naming_the_part(vision: tuple[Any, Any], dialect: s
     assert r.status_code == 400 and f"at most {MAX_IMAGES} images" in error_of(dialect, r)[0]
     # and the server still answers an image request afterwards (no slot was left stuck)
     assert send(client, image_parts(dialect, [PNG])).status_code == 200
+
+
+def webp_of(png: bytes) -> bytes:
+    """The PNG's pixels as a lossless WebP (Pillow writes it)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(png)) as image:
+        image.save(out, format="WEBP", lossless=True)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
+def test_a_webp_image_reads_as_the_same_pixels_in_png(vision: tuple[Any, Any], dialect: str) -> None:
+    """libmtmd reads WebP only through an ffmpeg it launches: runner decodes it itself."""
+    client, _ = vision
+    route, text_of = {
+        "openai": ("/v1/chat/completions", lambda body: body["choices"][0]["message"]["content"]),
+        "anthropic": ("/v1/messages", lambda body: body["content"][0]["text"]),
+        "responses": ("/v1/responses", lambda body: body["output"][0]["content"][0]["text"]),
+    }[dialect]
+
+    def greedy(data: bytes) -> str:
+        messages = [{"role": "user", "content": image_parts(dialect, [data])}]
+        r = client.post(route, json={"model": "tiny", "temperature": 0, "max_tokens": 8, "max_output_tokens": 8,
+                                     ("input" if dialect == "responses" else "messages"): messages})
+        assert r.status_code == 200, r.text
+        return text_of(r.json())
+
+    webp = webp_of(PNG)
+    assert webp[8:12] == b"WEBP"
+    assert greedy(webp) == greedy(PNG) != greedy(webp_of(OTHER_PNG))
+    r = SEND[dialect](client, image_parts(dialect, [webp[:40] + bytes(len(webp) - 40)]))  # (its header, then zeros)
+    assert r.status_code == 400 and "could not be decoded" in error_of(dialect, r)[0], r.text
 
 
 @pytest.mark.parametrize("dialect", ["openai", "anthropic", "responses"])
