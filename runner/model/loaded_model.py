@@ -420,7 +420,10 @@ class LoadedModel:
                 prompt.add(part, add_special=False, parse_special=True)
 
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
-        return tuple(self.model.tokenize(text, add_special=True, parse_special=False))
+        """A plain prompt's ids (a completion's, Ollama's raw or templated one, `runner run --raw`):
+        its writer wrote any control token in it, as llama.cpp's server and Ollama read them, so
+        '<|im_start|>' is the model's token, not its letters."""
+        return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
 
     def infill_prompt_ids(self, prefix: str | tuple[int, ...], suffix: str) -> tuple[int, ...]:
         """The fill-in-the-middle prompt for the text between prefix (text, or token ids) and suffix

@@ -53,6 +53,17 @@ def test_a_last_assistant_message_is_continued_not_answered(loaded: LoadedModel)
     assert calls.count(control_ids(loaded)["<|im_start|>"]) == 3
 
 
+def test_a_plain_prompt_holding_the_templates_text_is_the_chat_prompt(loaded: LoadedModel) -> None:
+    """A completion's (or Ollama's raw) prompt is written whole by its caller: the control tokens in
+    it are the model's own, as llama.cpp's server and Ollama read them."""
+    messages = [Message("user", "Say hi")]
+    rendered = loaded.template.render(messages)
+    assert "<|im_start|>" in rendered
+    assert loaded.text_prompt_ids(rendered) == loaded.chat_prompt_ids(messages)
+    assert loaded.text_prompt_ids("a <b> c") == tuple(loaded.model.tokenize("a <b> c", add_special=True,
+                                                                             parse_special=False))
+
+
 def test_the_model_knows_its_special_texts(loaded: LoadedModel) -> None:
     assert set(loaded.model.special_texts) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
 
