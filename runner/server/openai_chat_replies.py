@@ -103,6 +103,7 @@ class OpenAIReplyBuilder:
         head = json.dumps({**self.envelope([], chunk=True), "choices": None}, ensure_ascii=False)
         self._text_head = 'data: ' + head.removesuffix("null}") + '[{"index": ' + str(index) + ', ' + self.TEXT_KEY
         self._text_tail = ', "logprobs": null, "finish_reason": null'
+        self._held_drafted: list[bool] = []  # flags of tokens whose events sent no chunk (yet)
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         return {
@@ -131,13 +132,23 @@ class OpenAIReplyBuilder:
         """Whether the event's chunk is the template's: text only, the stream goes on."""
         return not self.wants_logprobs and event.finish_reason is None and bool(event.text)
 
+    def _drafted(self, event: StreamEvent) -> list[bool]:
+        """The drafted flags a chunk carries: those of tokens held back before it (a piece of a UTF-8
+        character has no text to send; a tag may be arriving), then its own event's."""
+        flags, self._held_drafted = self._held_drafted + list(event.drafted), []
+        return flags
+
+    def _hold_drafted(self, event: StreamEvent) -> None:
+        self._held_drafted += event.drafted
+
     def chunk_sse(self, event: StreamEvent) -> str | None:
         """`sse(chunk(event))`, written from the template for the usual chunk."""
         if not self._is_plain_text(event):
             chunk = self.chunk(event)
             return None if chunk is None else sse(chunk)
         self.add(event)
-        drafted = f', "drafted": {json.dumps(list(event.drafted))}' if event.drafted else ""
+        flags = self._drafted(event)
+        drafted = f', "drafted": {json.dumps(flags)}' if flags else ""
         return self._text_head + json.dumps(event.text, ensure_ascii=False) + self._text_tail + drafted + "}]}\n\n"
 
     # -- the stream's frame (server/streaming.py asks every dialect's builder the same) ---------
@@ -197,14 +208,17 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         self.add(event)
         reason = finish_reason_json(event.finish_reason)
         if not event.text and reason is None and not event.logprobs:
+            self._hold_drafted(event)
             return None
         logprobs = {"content": self.logprobs[n_before:]} if self.wants_logprobs else None
         delta = self._delta(event.text, event.is_final, reason)
         if not delta and reason is None and not event.logprobs:
+            self._hold_drafted(event)
             return None  # all of it held back (a tag may be arriving)
         choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        if event.drafted:  # extension: per token of this chunk, accepted from a draft or not
-            choice["drafted"] = list(event.drafted)
+        drafted = self._drafted(event)
+        if drafted:  # extension: per token, accepted from a draft or not
+            choice["drafted"] = drafted
         return self.envelope([choice], chunk=True)
 
     def _delta(self, text: str, is_final: bool, reason: str | None) -> dict[str, str]:
@@ -302,6 +316,7 @@ class CompletionReplyBuilder(OpenAIReplyBuilder):
         self.add(event)
         reason = finish_reason_json(event.finish_reason)
         if not event.text and reason is None and not event.logprobs:
+            self._hold_drafted(event)
             return None
         lp = self.logprobs
         logprobs = (
@@ -310,8 +325,9 @@ class CompletionReplyBuilder(OpenAIReplyBuilder):
             if self.wants_logprobs else None
         )
         choice = {"index": self.index, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
-        if event.drafted:
-            choice["drafted"] = list(event.drafted)
+        drafted = self._drafted(event)
+        if drafted:
+            choice["drafted"] = drafted
         return self.envelope([choice], chunk=True)
 
     def whole_choice(self) -> dict[str, Any]:

@@ -62,3 +62,17 @@ def test_calls_are_read_after_the_reasoning() -> None:
             message = builder.whole()["choices"][0]["message"]
             assert message["reasoning_content"] == "I should add." and message["content"] is None
             assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"a": 1}
+
+
+@pytest.mark.parametrize("kind", [ChatReplyBuilder, CompletionReplyBuilder])
+@pytest.mark.parametrize("fast", [True, False])
+def test_every_tokens_drafted_flag_is_sent_though_its_event_had_no_text(kind: type, fast: bool) -> None:
+    """A token that is half a UTF-8 character sends no chunk: its flag rides on the next one."""
+    builder = kind("r1", "smol", lambda t: b"?", wants_logprobs=False)
+    events = [StreamEvent("r1", "", (1,), (True,)), StreamEvent("r1", "猫", (2,), (False,)),
+              StreamEvent("r1", "", (3,), (True,)),
+              StreamEvent("r1", "", (4,), (False,), finish_reason=FinishReason.LENGTH, usage=Usage(3, 4, 0, 2, 2))]
+    sent = [builder.chunk_sse(e) if fast else (lambda c: None if c is None else sse(c))(builder.chunk(e))
+            for e in events]
+    chunks = [json.loads(s[6:]) for s in sent if s is not None]
+    assert [c["choices"][0].get("drafted") for c in chunks] == [[True, False], [True, False]]
