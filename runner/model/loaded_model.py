@@ -83,6 +83,7 @@ class LoadedModel:
         # the served name: the catalog's, a Hub reference as typed (as Ollama names them), else the file's
         self.name = ref.name if ref else str(model) if parse_hub_ref(str(model)) else self.path.stem
         self.info: GgufInfo = read_gguf(self.path)
+        _check_not_a_companion(self.info)
         workers = self._rpc_workers()
         self.devices = (list_devices() if devices is None else devices) + workers
         split = parse_tensor_split(self.options.tensor_split, len(workers)) if workers else None
@@ -293,6 +294,9 @@ class LoadedModel:
             return make_drafter("ngram", store=ngrams), None
         draft_path, draft_ref = store.resolve(draft)
         draft_info = read_gguf(draft_path)
+        if draft_info.architecture == PROJECTOR_ARCH:
+            raise OptionError(f"--draft: {draft_path.name} is a projector (mmproj), not a draft model: give it as "
+                              "--mmproj")
         is_head = is_eagle3_head(draft_info.architecture)
         if opts.spec == "eagle3" and not is_head:
             raise OptionError(f"--spec eagle3: {draft_path.name} is a {draft_info.architecture} model, "
@@ -464,6 +468,19 @@ class LoadedModel:
             self.speculator.drafter.close()  # the draft before the target
         self.runner.close()
         self.model.close()
+
+
+PROJECTOR_ARCH = "clip"  # (the GGUF architecture of every libmtmd projector, vision or audio)
+
+
+def _check_not_a_companion(info: GgufInfo) -> None:
+    """A projector or an EAGLE3 head goes beside a model, not in its place: one line saying where."""
+    if info.architecture == PROJECTOR_ARCH:
+        raise ModelLoadError(f"{info.path.name} is a projector (mmproj), not a model: give it as --mmproj beside "
+                             "the model it belongs to")
+    if is_eagle3_head(info.architecture):
+        raise ModelLoadError(f"{info.path.name} is an EAGLE3 head, which drafts for another model: give it as "
+                             "--draft beside its target")
 
 
 class PromptWithImages:

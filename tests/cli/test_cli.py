@@ -262,3 +262,17 @@ def test_flags_that_cannot_go_together_are_one_line_before_anything_loads(tiny_g
     assert_one_line_error(proc, r"^runner: error: --batch-size must be at least --parallel \(4\)")
     proc = runner("run", str(tiny_gguf), "-p", "x", "--ctx-size", "1")
     assert proc.returncode == 2 and "argument --ctx-size: must be at least 32, got 1" in proc.stderr, proc.stderr
+
+
+def test_a_projector_or_an_eagle3_head_in_a_models_place_says_where_it_goes(tiny_gguf: Path, tmp_path: Path) -> None:
+    from tiny_eagle3 import write_tiny_eagle3_gguf
+    from tiny_mmproj import write_tiny_mmproj
+
+    projector = write_tiny_mmproj(tmp_path / "mmproj.gguf")
+    head = write_tiny_eagle3_gguf(tmp_path / "eagle3.gguf")
+    assert_one_line_error(runner("run", str(projector), "-p", "hi", "-q"),
+                          r"^runner: error: mmproj.gguf is a projector \(mmproj\), not a model: give it as --mmproj")
+    assert_one_line_error(runner("run", str(head), "-p", "hi", "-q"),
+                          r"^runner: error: eagle3.gguf is an EAGLE3 head, which drafts for another model: give it as --draft")
+    assert_one_line_error(runner("run", str(tiny_gguf), "--draft", str(projector), "-p", "hi", "-q"),
+                          r"^runner: error: --draft: mmproj.gguf is a projector \(mmproj\), not a draft model: give it as --mmproj$")
