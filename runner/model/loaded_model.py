@@ -262,7 +262,7 @@ class LoadedModel:
                 prior = (self._fed_agreement(store, draft_path, drafter, log) if isinstance(drafter, FedDrafter)
                          else self._agreement(store, draft_path, drafter.context, log))
             costs = StepCosts(target_costs, draft_costs, shape.n_ubatch, self.runner.pads_batches) if target_costs else None
-            log(f"speculative decoding: {drafter.name}, --spec {mode.value}, up to {opts.draft_max} tokens")
+            log(f"speculative decoding: {drafter.name}, --spec {opts.spec or mode.value}, up to {opts.draft_max} tokens")
             return Speculator(drafter, mode, opts.draft_max, opts.parallel, costs, prior)
         except BaseException:
             drafter.close()
@@ -334,7 +334,8 @@ class LoadedModel:
                               f"{opts.rpc}/{opts.tensor_split}" if opts.rpc else "", part)
 
         def calibrate() -> dict:
-            log(f"measuring decode costs of {path.name} for --spec auto (once per model and machine)")
+            what = f"{path.name}'s {part.upper()} layers" if part else path.name  # (MTP: the same file again)
+            log(f"measuring decode costs of {what} for --spec auto (once per model and machine)")
             return in_scratch_thread(lambda: measure(context))
 
         return ShapeCosts.from_json(cached_json(store.writable_root(), key, calibrate))

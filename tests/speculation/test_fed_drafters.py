@@ -364,3 +364,25 @@ def test_auto_puts_a_drafter_that_never_pays_to_sleep_and_wakes_one_that_does(
         assert not drafter.is_asleep and loaded.speculator.n_accepted > accepted  # woken by the new prompt
     finally:
         loaded.close()
+
+
+def test_the_load_log_names_the_spec_mode_given_and_what_each_measurement_is_of(
+        models: dict[tuple[str, bool], Setup], tmp_path: Path) -> None:
+    from runner.catalog.store import ModelStore
+    from runner.config.options import EngineOptions
+    from runner.model.loaded_model import LoadedModel
+
+    def log_of(setup: Setup, **options: Any) -> list[str]:
+        lines: list[str] = []
+        opts = EngineOptions(**{"parallel": 1, "ctx_size": 256, "batch_size": 128, "threads": 2, **setup.options,
+                                **options})
+        LoadedModel(setup.target, opts, store=ModelStore(root=tmp_path), log=lines.append).close()
+        return lines
+
+    eagle3 = log_of(models[("eagle3", True)])
+    assert any(line.startswith("speculative decoding: eagle3, --spec eagle3,") for line in eagle3), eagle3
+    mtp = models[("mtp", True)]
+    measured = [line for line in log_of(mtp, spec="auto") if line.startswith("measuring decode costs")]
+    assert measured == [f"measuring decode costs of {mtp.target.name} for --spec auto (once per model and machine)",
+                        f"measuring decode costs of {mtp.target.name}'s MTP layers for --spec auto (once per model "
+                        "and machine)"]
