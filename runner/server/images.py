@@ -143,7 +143,9 @@ def check_dimensions(data: bytes, where: str) -> None:
         raise invalid(f"{where}: not an image this server reads (png, jpeg, gif, bmp or webp)", where,
                       "invalid_image")
     width, height = size
-    if width <= 0 or height <= 0 or width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
+    if width <= 0 or height <= 0:
+        raise invalid(f"{where}: the image declares {width} x {height} pixels: it has none", where, "invalid_image")
+    if width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
         raise invalid(f"{where}: the image declares {width} x {height} pixels; at most {MAX_SIDE} on a side and "
                       f"{MAX_PIXELS // 2**20} megapixels are taken", where, "image_too_large")
 

@@ -213,6 +213,7 @@ def test_bad_images_are_400s_naming_the_part(vision: tuple[Any, Any], dialect: s
         "not an image": (b"plain text, not an image", "not an image this server reads"),
         "undecodable": (BROKEN_PNG, "could not be decoded"),
         "bomb": (bomb_png(), "declares 50000 x 50000 pixels"),
+        "no pixels": (bomb_png(0, 0), "declares 0 x 0 pixels: it has none"),
     }
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for name, (data, words) in cases.items():
