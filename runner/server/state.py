@@ -38,6 +38,7 @@ class ServerState:
     _embeddings_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
+        self.model_ids = list(dict.fromkeys(self.model_ids))  # (an alias that is the served name: listed once)
         # what the routes may know of the model (not loaded.model, loaded.template or the engine)
         self.facts: ModelFacts = self.loaded.facts
         # a reasoning model's <think> token, if it has one and the server splits reasoning off

@@ -186,3 +186,11 @@ def test_a_whole_reply_cut_by_shutdown_is_a_503_not_a_finished_reply(app_state: 
     assert answers[0].status_code == 503  # (was a 200 with finish_reason "stop")
     assert answers[0].json()["error"] == {"message": SHUTTING_DOWN, "type": "server_error", "param": None,
                                           "code": "shutting_down"}
+
+
+def test_an_alias_equal_to_the_served_name_is_listed_once(app_state: ServerState) -> None:
+    """(`serve tiny.gguf --alias tiny`: /v1/models listed the id twice)"""
+    app_state.model_ids = ["tiny", "tiny", "other"]
+    app_state.__post_init__()
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "other"]
