@@ -94,6 +94,8 @@ class LoadedModel:
         self.offload = plan_offload(wanted, costs, self.devices)
         # --mmproj, else the projector a Hub model's repo provides (a vision model: pulled with it)
         self.mmproj_path = store.resolve(self.options.mmproj)[0] if self.options.mmproj else store.projector_of(str(model))
+        if self.mmproj_path is not None:
+            _check_takes_media(self.info)
         if self.mmproj_path is not None and not self.options.mmproj:
             log(f"vision projector: {self.mmproj_path.name} (from the model's Hub repository)")
         # the files it runs on (a split's parts, its projector, its draft's): not to be deleted under it
@@ -471,7 +473,18 @@ class LoadedModel:
         self.model.close()
 
 
+# architectures whose graph aborts the process (GGML_ABORT, not an error) on embeddings input unless
+# the GGUF has M-RoPE sections: a text-only conversion paired with a projector
+EMBEDDINGS_NEED_MROPE = frozenset({"glm4", "glm4moe"})
 PROJECTOR_ARCH = "clip"  # (the GGUF architecture of every libmtmd projector, vision or audio)
+
+
+def _check_takes_media(info: GgufInfo) -> None:
+    """Refused at load, not by the process's abort at the first image (EMBEDDINGS_NEED_MROPE)."""
+    arch = info.architecture
+    if arch in EMBEDDINGS_NEED_MROPE and not any(info.arch_value("rope.dimension_sections") or ()):
+        raise ModelLoadError(f"{info.path.name} ({arch}) was converted without M-RoPE sections: llama.cpp aborts "
+                             "decoding an image or clip into it, so it takes no projector; use a GGUF converted for vision")
 
 
 def _check_not_a_companion(info: GgufInfo) -> None:

@@ -25,7 +25,8 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 _LAYER = re.compile(r"blk\.(\d+)\.")
 _WANTED_ARRAYS = {"tokenizer.ggml.tokens"}  # arrays we keep only the length (and a digest) of
-_VALUED_ARRAYS = (".attention.sliding_window_pattern",)  # arrays (of scalars) kept whole: keys ending so
+# arrays (of scalars) kept whole: keys ending so
+_VALUED_ARRAYS = (".attention.sliding_window_pattern", ".rope.dimension_sections")
 _VALUED_MAX = 512  # ... one value per layer (llama.cpp's limit on layers)
 
 

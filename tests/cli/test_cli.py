@@ -276,3 +276,15 @@ def test_a_projector_or_an_eagle3_head_in_a_models_place_says_where_it_goes(tiny
                           r"^runner: error: eagle3.gguf is an EAGLE3 head, which drafts for another model: give it as --draft")
     assert_one_line_error(runner("run", str(tiny_gguf), "--draft", str(projector), "-p", "hi", "-q"),
                           r"^runner: error: --draft: mmproj.gguf is a projector \(mmproj\), not a draft model: give it as --mmproj$")
+
+
+def test_a_glm4moe_without_mrope_sections_refuses_a_projector_at_load(tmp_path: Path) -> None:
+    """llama.cpp aborts the process decoding an image into one (the first image request killed the server)."""
+    from tiny_mmproj import write_tiny_mmproj
+    from tiny_mtp import write_tiny_mtp_gguf
+
+    model = write_tiny_mtp_gguf(tmp_path / "glm.gguf")
+    projector = write_tiny_mmproj(tmp_path / "mmproj.gguf")
+    assert_one_line_error(runner("run", str(model), "--mmproj", str(projector), "-p", "hi", "-q"),
+                          r"^runner: error: glm.gguf \(glm4moe\) was converted without M-RoPE sections: llama.cpp "
+                          "aborts decoding an image or clip into it, so it takes no projector")
