@@ -61,7 +61,7 @@ class _Slot:
 
     model: ServableModel
     default_keep_alive_s: float
-    keep_alive_s: float = 0.0  # the last request's, else the default
+    keep_alive_s: float = 0.0  # the last request's, else the default (keep_for)
     process: Process | None = None
     loading: asyncio.Task[None] | None = None
     n_waiting: int = 0
@@ -73,6 +73,17 @@ class _Slot:
     loaded_at: float = 0.0  # wall clock, for people
     unloading: set[asyncio.Task[None]] = field(default_factory=set)
     failure: str = ""  # why its last load failed (cleared by the next that succeeds)
+
+    def __post_init__(self) -> None:
+        self.keep_for(None)
+
+    def keep_for(self, asked_s: float | None) -> None:
+        """What the latest request said (None: nothing, the default). A pinned model is never unloaded
+        for being idle, whatever the duration: it goes only when a request asks for that (0)."""
+        if self.model.is_pinned:
+            self.keep_alive_s = 0.0 if asked_s == 0 else FOREVER
+        else:
+            self.keep_alive_s = self.default_keep_alive_s if asked_s is None else asked_s
 
     @property
     def state(self) -> ModelState:
@@ -110,11 +121,8 @@ class ModelPool:
                  max_models: int = 0, memory_budget_bytes: int | None = None,
                  available_bytes: Callable[[], int] | None = None, max_waiting: int = 64, n_threads: int = 0,
                  clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = lambda _: None) -> None:
-        self._slots = {m.name: _Slot(m, m.keep_alive_s if m.keep_alive_s is not None else keep_alive_s)
-                       for m in models}
-        for slot in self._slots.values():
-            slot.keep_alive_s = slot.default_keep_alive_s
         self.default_keep_alive_s = keep_alive_s  # --keep-alive
+        self._slots = {m.name: self._slot(m) for m in models}
         self._ids = {model_id: m.name for m in models for model_id in m.ids}
         self.default = models[0].name if models else None
         self._spawn, self._plan_bytes = spawn, plan_bytes
@@ -128,10 +136,11 @@ class ModelPool:
     # -- what is servable ----------------------------------------------------------------------
     def add(self, model: ServableModel) -> None:
         """One more servable model (pulled while the server runs); its ids must be new."""
-        slot = _Slot(model, model.keep_alive_s if model.keep_alive_s is not None else self.default_keep_alive_s)
-        slot.keep_alive_s = slot.default_keep_alive_s
-        self._slots[model.name] = slot
+        self._slots[model.name] = self._slot(model)
         self._ids.update({model_id: model.name for model_id in model.ids})
+
+    def _slot(self, model: ServableModel) -> _Slot:
+        return _Slot(model, model.keep_alive_s if model.keep_alive_s is not None else self.default_keep_alive_s)
 
     def ids(self) -> list[str]:
         return list(self._ids)
@@ -158,6 +167,15 @@ class ModelPool:
     def is_loaded(self, name: str) -> bool:
         return self._slots[name].state is ModelState.LOADED
 
+    def set_keep_alive(self, name: str, keep_alive_s: float) -> None:
+        """A keep_alive said without a request to run (Ollama's empty one), the latest said winning as
+        a request's does: 0 unloads an idle model now, and a loading or busy one once its load and
+        requests have ended (release, expire)."""
+        slot = self._slots[name]
+        slot.keep_for(keep_alive_s)
+        if slot.keep_alive_s == 0 and slot.state is ModelState.LOADED and slot.n_in_flight == 0:
+            self._unload_soon(slot)
+
     def loaded(self) -> list[tuple[str, Process]]:
         return [(name, s.process) for name, s in self._slots.items()
                 if s.process is not None and s.state is ModelState.LOADED]
@@ -167,7 +185,7 @@ class ModelPool:
         """The model's process, loaded if need be, with this request counted in flight until release();
         the model stays loaded keep_alive_s after (None: its default), as the latest request says."""
         slot = self._slots[name]
-        slot.keep_alive_s = slot.default_keep_alive_s if keep_alive_s is None else keep_alive_s
+        slot.keep_for(keep_alive_s)
         await self._loaded(slot)
         slot.n_in_flight += 1
         slot.last_used_s = self._clock()

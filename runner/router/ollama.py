@@ -58,8 +58,7 @@ async def show(state: RouterState, request: Request) -> Response:
     check_key(state.api_key, request)
     body = parse_json(await read_body(request, state.max_body_bytes))
     requested = ollama_routes.request_model(body, older_name="name")
-    check_model(requested, state.pool.ids())
-    name = state.pool.name_of(str(requested))
+    name = state.pool.name_of(check_model(requested, state.pool.ids()))
     status = next(s for s in state.pool.statuses() if s.model.name == name)
     info = state.describe(status.model)
     if info is None and status.failure:

@@ -23,12 +23,14 @@ _REQUEST_DROP = {"host", "origin", "connection", "keep-alive", "transfer-encodin
 _RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 T = TypeVar("T")
 STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")  # server-sent events; Ollama's lines
+_LOAD_DURATION = b'"load_duration"'  # (a string's own quotes are escaped: only a key matches)
 
 
 async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
-                  on_done: Callable[[], None]) -> Response:
+                  on_done: Callable[[], None], load_ns: int = 0) -> Response:
     """The model process's answer to this request; on_done runs once when it has been passed on
-    (or failed, or the client left)."""
+    (or failed, or the client left). load_ns: how long the request waited here for its model to
+    load, added to an Ollama reply's durations."""
     headers = [(k, v) for k, v in request.headers.items() if k not in _REQUEST_DROP]
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     gone = asyncio.ensure_future(wait_for_disconnect(request))  # (the body was read: what comes next is the end)
@@ -40,9 +42,9 @@ async def forward(upstream: Upstream, request: Request, body: bytes, model: str,
         if answer.header("content-type").startswith(STREAMED_TYPES):
             gone.cancel()  # the stream watches for its client from here on, and calls on_done
             is_streamed = True
-            return _RelayedStream(answer, on_done, response_headers, request.url.path, model)
+            return _RelayedStream(answer, on_done, response_headers, request.url.path, model, load_ns)
         content = await _unless_gone(gone, answer.read())
-        return Response(content, status_code=answer.status, headers=response_headers)
+        return Response(_with_load_time(content, load_ns), status_code=answer.status, headers=response_headers)
     except _ClientGone:  # closing the upstream connection (below) cancels the generation there
         return Response(status_code=499)
     except UpstreamError:
@@ -82,8 +84,10 @@ class _RelayedStream(StreamingResponse):
     before or during it, the process gone), the upstream answer is closed and on_done runs once."""
 
     def __init__(self, answer: UpstreamResponse, on_done: Callable[[], None], headers: dict[str, str], path: str,
-                 model: str) -> None:
-        super().__init__(_chunks(answer, path, model), status_code=answer.status, headers=headers)
+                 model: str, load_ns: int) -> None:
+        chunks = _chunks(answer, path, model)
+        super().__init__(_lines_with_load_time(chunks, load_ns) if load_ns else chunks, status_code=answer.status,
+                         headers=headers)
         self._answer, self._on_done = answer, on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,6 +108,34 @@ async def _chunks(answer: UpstreamResponse, path: str, model: str) -> AsyncItera
         message = f"the model process for '{model}' stopped while answering (it may have crashed); the next request loads it again"
         gap = b"" if last.endswith(b"\n") else b"\n" if path.startswith("/api/") else b"\n\n"  # (NDJSON: no blank line)
         yield gap + failure_event(path, message, last).encode()
+
+
+async def _lines_with_load_time(chunks: AsyncIterator[bytes], load_ns: int) -> AsyncIterator[bytes]:
+    """Ollama's NDJSON stream, line by line, its final object given the load time (_with_load_time)."""
+    rest = b""  # a line whose end has not come yet
+    async for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        if lines:
+            yield b"".join(_with_load_time(line, load_ns) + b"\n" for line in lines)
+    if rest:
+        yield _with_load_time(rest, load_ns)
+
+
+def _with_load_time(reply: bytes, load_ns: int) -> bytes:
+    """An Ollama reply object with the time its request waited for the model to load added to its
+    load_duration and total_duration, as Ollama counts them (the model's process, loaded by then,
+    says 0 and leaves it out); any other reply as it is."""
+    if not load_ns or _LOAD_DURATION not in reply:
+        return reply
+    try:
+        body = json.loads(reply)
+    except ValueError:
+        return reply
+    if not isinstance(body, dict) or not isinstance(body.get("load_duration"), int):
+        return reply
+    body["load_duration"] += load_ns
+    body["total_duration"] = body.get("total_duration", 0) + load_ns
+    return json.dumps(body, ensure_ascii=False).encode()
 
 
 def failure_event(path: str, message: str, last: bytes) -> str:

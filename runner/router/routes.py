@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -50,11 +51,15 @@ async def model_request(state: RouterState, request: Request) -> Response:
         parsed = parse_json(body)
         name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
         keep_alive = ollama_api.keep_alive(parsed)
-        if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed) and not state.pool.is_loaded(name):
-            return JSONResponse(ollama_api.loaded_reply(name, True, path == "/api/chat"))  # nothing to unload
         check_params(path, parsed)
+        if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed):  # an unload: nothing to run
+            state.pool.set_keep_alive(name, keep_alive)
+            return JSONResponse(ollama_api.loaded_reply(parsed["model"], True, path == "/api/chat"))
+        is_cold = not state.pool.is_loaded(name)
+        asked_ns = time.monotonic_ns()
         process = await _acquire(state, name, keep_alive)
-        return await forward(process.upstream, request, body, name, lambda: state.pool.release(name))
+        load_ns = time.monotonic_ns() - asked_ns if ollama and is_cold else 0  # (Ollama's load_duration)
+        return await forward(process.upstream, request, body, name, lambda: state.pool.release(name), load_ns)
     except ApiError as exc:
         if ollama:
             return ollama_api.error_response(exc)
@@ -88,11 +93,9 @@ def _is_empty_ollama_request(body: dict) -> bool:
 
 
 def _served_name(state: RouterState, requested: object) -> str:
-    ids = state.pool.ids()
     if requested is not None and not isinstance(requested, str):
         raise invalid("'model' must be a string", "model")
-    check_model(requested, ids)
-    name = state.pool.name_of(requested or "")
+    name = state.pool.name_of(check_model(requested, state.pool.ids()))
     assert name is not None
     return name
 
@@ -113,20 +116,31 @@ def _api_error(exc: PoolError) -> ApiError:
 # -- the models --------------------------------------------------------------------------------
 def _inputs(state: RouterState, model: ServableModel) -> list[str]:
     """What the model's prompts may hold, told from its projector's header (an image where it cannot
-    be read: a catalog or Hub --mmproj not pulled yet)."""
+    be read: a catalog or Hub --mmproj not pulled yet; the catalog's word where none is here)."""
     try:
         path = (Path(model.options.mmproj) if model.options.mmproj
                 else state.store.projector_of(model.source) if state.store is not None else None)
     except RunnerError:
         return ["text"]
     if path is None:
-        return ["text"]
+        return _catalog_inputs(state, model.source)
     try:
         meta = read_gguf(path).metadata
     except (OSError, RunnerError):
         return ["text", "image"]
     return (["text"] + (["image"] if meta.get("clip.has_vision_encoder") else [])
             + (["audio"] if meta.get("clip.has_audio_encoder") else []))
+
+
+def _catalog_inputs(state: RouterState, source: str) -> list[str]:
+    """What the catalog says a model of its takes, where no projector is here to read (not pulled
+    yet); text for a model it does not know."""
+    if state.store is None or not state.store.catalog.is_name(source):
+        return ["text"]
+    try:
+        return list(state.store.catalog.resolve(source).entry.inputs)
+    except RunnerError:  # a variant it does not have: the load says so
+        return ["text"]
 
 
 async def v1_models(state: RouterState, request: Request) -> Response:
@@ -201,9 +215,7 @@ async def slots(state: RouterState, request: Request) -> Response:
     """Every loaded model's slots, each naming its model (?model=NAME: that model's alone)."""
     check_key(state.api_key, request)
     wanted = request.query_params.get("model")
-    if wanted is not None:
-        _served_name(state, wanted)
-    answers = await _ask_loaded(state, "/slots", state.pool.name_of(wanted) if wanted else None)
+    answers = await _ask_loaded(state, "/slots", _served_name(state, wanted) if wanted is not None else None)
     return JSONResponse([{"model": name, **slot} for name, text in answers for slot in json.loads(text)])
 
 

@@ -42,7 +42,9 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
                         f"ends; -1: forever; default {DEFAULT_KEEP_ALIVE}); a request's keep_alive field sets its own")
     p.add_argument("--max-models", type=in_range(int, 0), default=0, metavar="N",
                    help="most models loaded at once (default 0: as many as memory holds)")
-    p.add_argument("--pin", action="append", default=[], metavar="MODEL", help="never unload this model (repeatable)")
+    p.add_argument("--pin", action="append", default=[], metavar="MODEL",
+                   help="keep this model loaded: never unloaded to make room or for being idle, only when asked "
+                        "(POST /models/unload, a request's keep_alive 0); repeatable")
     p.add_argument("--no-preload", action="store_true", help="load nothing at start (default: the first model)")
     p.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
                    help="memory the loaded models may plan to use in all, e.g. 6GiB (default: what is free)")

@@ -110,15 +110,21 @@ def stop_strings(value: Any, param: str, max_count: int = MAX_STOP_STRINGS) -> t
     return tuple(s for s in value if s)
 
 
-def check_model(requested: str | None, served: list[str]) -> None:
+def check_model(requested: str | None, served: list[str]) -> str:
+    """The served id the request names: as written, or `NAME:latest` as NAME where no model is named
+    so (Ollama's default tag: the same model there, and apps write it)."""
     if requested is None:
         raise invalid(f"'model' is required; this server serves: {', '.join(served)}", "model",
                       "missing_required_parameter")
-    if requested not in served:
-        raise ApiError(
-            404, f"The model '{requested}' does not exist; this server serves: {', '.join(served)}",
-            param="model", code="model_not_found",
-        )
+    if requested in served:
+        return requested
+    untagged = requested.removesuffix(":latest")
+    if untagged != requested and untagged in served:
+        return untagged
+    raise ApiError(
+        404, f"The model '{requested}' does not exist; this server serves: {', '.join(served)}",
+        param="model", code="model_not_found",
+    )
 
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

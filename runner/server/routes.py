@@ -154,10 +154,8 @@ def _model_entries(state: ServerState) -> list[dict[str, Any]]:
 
 def one_model(entries: list[dict[str, Any]], model_id: str) -> dict[str, Any]:
     """The entry with this id; 404 model_not_found naming the served ones."""
-    found = next((e for e in entries if e["id"] == model_id), None)
-    if found is None:
-        check_model(model_id, [e["id"] for e in entries])
-    return found  # type: ignore[return-value]
+    served_id = check_model(model_id, [e["id"] for e in entries])  # (NAME:latest is NAME)
+    return next(e for e in entries if e["id"] == served_id)
 
 
 async def openapi(state: ServerState, request: Request) -> Response:

@@ -213,6 +213,48 @@ def test_keep_alive_forever_never_expires() -> None:
     run(test)
 
 
+def test_a_pinned_model_outlives_any_keep_alive_and_goes_when_a_request_asks_for_0() -> None:
+    """(The idle keep-alive unloaded a pinned model: only eviction kept pins.)"""
+    log: list[str] = []
+    clock = Clock()
+
+    async def test() -> None:
+        pool, _ = make_pool([model("a", pinned=True, keep_alive_s=60.0)], log, clock=clock, keep_alive_s=300.0)
+        await pool.acquire("a", keep_alive_s=5.0)
+        pool.release("a")
+        clock.now += 1e9
+        assert await pool.expire() == [] and pool.statuses()[0].expires_in_s is None
+        await pool.acquire("a", keep_alive_s=0.0)
+        pool.release("a")
+        await asyncio.sleep(0.01)
+        assert pool.statuses()[0].state is ModelState.UNLOADED and log == ["start a", "stop a"]
+
+    run(test)
+
+
+def test_keep_alive_0_said_while_a_model_loads_unloads_it_once_loaded_and_its_requests_end() -> None:
+    """(Ollama's unload sent while the model loaded was answered "unload" and then left it loaded.)"""
+    log: list[str] = []
+
+    async def test() -> None:
+        gate = asyncio.Event()
+        pool, _ = make_pool(["a", "b"], log, gate=gate)
+        loading = asyncio.create_task(pool.load("a"))
+        asking = asyncio.create_task(pool.acquire("b"))  # a request that waits for b's load
+        await asyncio.sleep(0)
+        pool.set_keep_alive("a", 0.0)
+        pool.set_keep_alive("b", 0.0)
+        gate.set()
+        await asyncio.gather(loading, asking)
+        assert await pool.expire() == ["a"]  # loaded and idle: its keep-alive has run out
+        pool.release("b")  # b's request ends
+        await asyncio.sleep(0.01)
+        assert [s.state for s in pool.statuses()] == [ModelState.UNLOADED, ModelState.UNLOADED]
+        assert log == ["start a", "start b", "stop a", "stop b"]
+
+    run(test)
+
+
 def test_under_a_memory_budget_the_lru_idle_model_goes_and_pinned_and_busy_ones_stay() -> None:
     log: list[str] = []
     clock = Clock()

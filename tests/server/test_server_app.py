@@ -14,6 +14,7 @@ from runner.server.engine_thread import EngineThread
 from runner.model.loaded_model import LoadedModel
 from runner.config.options import EngineOptions
 from runner.server.app import create_app
+from runner.server.request_fields import check_model
 from runner.server.state import ServerState
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0,
@@ -194,3 +195,20 @@ def test_an_alias_equal_to_the_served_name_is_listed_once(app_state: ServerState
     app_state.__post_init__()
     with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "other"]
+
+
+def test_name_latest_names_the_served_model_unless_a_model_is_named_so(app_state: ServerState) -> None:
+    """(`tiny:latest` was a 404: in Ollama NAME and NAME:latest are one model, and apps write the tag.)"""
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1") as client:
+        chat = client.post("/v1/chat/completions", json={**BODY, "model": "tiny:latest", "stream": False})
+        assert chat.status_code == 200 and chat.json()["model"] == "tiny:latest"
+        ollama = client.post("/api/chat", json={"model": "tiny:latest", "messages": BODY["messages"], "stream": False,
+                                                "options": {"num_predict": 2}})
+        assert ollama.status_code == 200 and (ollama.json()["model"], ollama.json()["done"]) == ("tiny:latest", True)
+        assert client.post("/api/show", json={"model": "tiny:latest"}).status_code == 200
+        assert client.get("/v1/models/tiny:latest").json()["id"] == "tiny"
+        assert client.get("/v1/models/other").status_code == 404
+        missing = client.post("/api/chat", json={"model": "other:latest", "messages": BODY["messages"]})
+        assert (missing.status_code, missing.json()) == (
+            404, {"error": "The model 'other:latest' does not exist; this server serves: tiny"})
+    assert check_model("tiny:latest", ["tiny", "tiny:latest"]) == "tiny:latest"  # a model named so is that one

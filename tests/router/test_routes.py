@@ -1,0 +1,36 @@
+"""The router's own answers, in-process on a pool that loads nothing (the real processes: test_router.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from runner.catalog.store import ModelStore
+from runner.config.options import EngineOptions
+from runner.router.app import create_router_app
+from runner.router.model_pool import ModelPool
+from runner.router.servable import ServableModel
+from runner.router.state import RouterState
+
+
+def idle_router(models: list[ServableModel], store: ModelStore) -> RouterState:
+    def spawn(model: ServableModel):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"nothing should load ({model.name})")
+
+    async def plan_bytes(model: ServableModel) -> int:
+        raise AssertionError(f"nothing should load ({model.name})")
+
+    return RouterState(ModelPool(models, spawn, plan_bytes, keep_alive_s=1800.0), preload=False, store=store)
+
+
+def test_v1_models_says_what_a_catalog_model_not_pulled_yet_takes(tmp_path: Path, tiny_gguf: Path) -> None:
+    """(A catalog vision model not cached yet was listed as taking text alone.)"""
+    names = ["smolvlm-256m-instruct", "smolvlm-500m-instruct", "smollm2-135m-instruct", "hf.co/org/repo-GGUF:Q8_0"]
+    models = [ServableModel(name, name, EngineOptions()) for name in names]
+    state = idle_router([*models, ServableModel("tiny", str(tiny_gguf), EngineOptions())],
+                        ModelStore(root=tmp_path / "empty-cache"))
+    with TestClient(create_router_app(state, log=lambda _: None), base_url="http://127.0.0.1") as client:
+        listed = {m["id"]: m["inputs"] for m in client.get("/v1/models").json()["data"]}
+    assert listed == {"smolvlm-256m-instruct": ["text", "image"], "smolvlm-500m-instruct": ["text", "image"],
+                      "smollm2-135m-instruct": ["text"], "hf.co/org/repo-GGUF:Q8_0": ["text"], "tiny": ["text"]}
