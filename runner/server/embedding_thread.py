@@ -28,6 +28,11 @@ class EmbeddingThread:
         self._thread = threading.Thread(target=self._run, name="runner-embeddings", daemon=True)
         self._thread.start()
 
+    @property
+    def n_ctx(self) -> int:
+        """The most tokens one input may have."""
+        return self.embedder.n_ctx
+
     def submit(self, inputs: list[list[int]]) -> Future[np.ndarray]:
         self.embedder.check(inputs)  # InputTooLongError before anything is queued
         job = _Job(inputs, Future())

@@ -1,5 +1,6 @@
 """What a request must pass before any work is done: the Host it was sent to, the page it came
-from, its content type and its body size. Each refusal is an OpenAI error envelope.
+from, its content type and its body size. Each refusal is an OpenAI error envelope (Ollama's
+under /api/).
 
 Why: a server on 127.0.0.1 is reachable from every web page the user opens. A page may send a
 "simple" cross-site POST (text/plain, no preflight) and, through DNS rebinding (its own name
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.server.errors import ApiError
@@ -146,6 +148,17 @@ def check_json_value(value: object, depth: int = 0) -> None:
             check_json_value(item, depth + 1)
 
 
+def refusal(path: str, exc: ApiError) -> Response:
+    """A guard's refusal in the envelope of the API asked: Ollama's {"error": "..."} under /api/
+    (its clients read the error as a string), else OpenAI's."""
+    if path.startswith("/api/"):
+        # NOTE: imported here: ollama_api imports request_fields, which imports this module
+        from runner.server.ollama_api import error_response
+
+        return error_response(exc)
+    return exc.response()
+
+
 class RequestGuard:
     """ASGI middleware: Host and Origin checked on every request before any route runs, and
     nosniff on every response."""
@@ -164,7 +177,7 @@ class RequestGuard:
             check_host(self.hosts, request)
             check_origin(request, self.cors_origins)
         except ApiError as exc:
-            await exc.response()(scope, receive, send)
+            await refusal(scope["path"], exc)(scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:

@@ -1,5 +1,6 @@
 """Ollama's API (/api/chat, /api/generate): its requests read into the same internal requests as
-every dialect's, its replies written back as Ollama's NDJSON objects (streamed by default)."""
+every dialect's, its replies written back as Ollama's NDJSON objects (streamed by default); and
+/api/embed's truncate and dimensions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import time
 from typing import Any
 
+import numpy as np
 from starlette.responses import JSONResponse
 
 from runner.config.keep_alive import parse_keep_alive
@@ -29,6 +31,10 @@ NDJSON = "application/x-ndjson"
 _DEFAULTS = SamplingParams()
 _REPEAT_LAST_N = request_fields.Field("repeat_last_n", "integer", "", *value_range("repeat_last_n"))
 _SEED = request_fields.Field("seed", "integer", "", -(2**63), 2**64 - 1)
+TRUNCATE = request_fields.Field("truncate", "boolean", "cut each input to what the model embeds at once "
+                                "(default true; false: an input too long is a 400)")
+DIMENSIONS = request_fields.Field("dimensions", "integer", "the vector's first N values, made unit length again "
+                                  "(at most the model's own size)", 1)
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -223,6 +229,7 @@ def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
     options = {} if options is None else options
     if not isinstance(options, dict):
         raise invalid("options must be an object", "options")
+    options = _whole_floats_as_ints(options)
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise invalid("stream must be a boolean", "stream")
@@ -235,6 +242,13 @@ def _common(body: dict[str, Any], ctx_size: int) -> CommonParams:
     return CommonParams(model=request_fields.MODEL.read(body), sampling=_sampling(options),
                         max_tokens=num_predict if num_predict is not None and num_predict > 0 else None,
                         stop=stop, stream=stream, grammar=_format(body.get("format")))
+
+
+def _whole_floats_as_ints(options: dict[str, Any]) -> dict[str, Any]:
+    """JSON has one kind of number, and Ollama (Go) reads 3.0 as an integer option's 3; 3.5 stays a 400 here
+    (Ollama would cut it to 3). A number option takes an int as well, so every whole float may become one."""
+    return {name: int(value) if isinstance(value, float) and value.is_integer() else value
+            for name, value in options.items()}
 
 
 def _sampling(options: dict[str, Any]) -> SamplingParams:
@@ -253,6 +267,38 @@ def _format(value: Any) -> GrammarSpec | None:
     if isinstance(value, dict):
         return GrammarSpec("json_schema", json.dumps(value), "format")
     raise invalid("format must be \"json\" or a JSON schema", "format")
+
+
+# -- /api/embed -------------------------------------------------------------------------------
+def embed_dimensions(body: dict[str, Any], n_embd: int) -> int | None:
+    """The vector size asked for (None: the model's own); more than the model's is a 400."""
+    n_dimensions = DIMENSIONS.read(body)
+    if n_dimensions is not None and n_dimensions > n_embd:
+        raise invalid(f"'dimensions' must be at most this model's {n_embd}, got {n_dimensions}", "dimensions")
+    return n_dimensions
+
+
+def truncated_ids(ids: list[int], n_max: int, special_ids: list[int]) -> list[int]:
+    """An input's tokens cut to n_max (Ollama cuts the text's end). special_ids: the tokenizer's own
+    around a text (what it makes of ""); those it put after the text stay last, for a pooling that
+    reads the last token (an EOS)."""
+    if len(ids) <= n_max:
+        return ids
+    n_first = 0
+    while n_first < len(special_ids) and ids[n_first] == special_ids[n_first]:
+        n_first += 1
+    end_ids = special_ids[n_first:]
+    if not end_ids or ids[-len(end_ids):] != end_ids:
+        return ids[:n_max]
+    return ids[:n_max - len(end_ids)] + end_ids
+
+
+def shortened(vector: np.ndarray, n_dimensions: int | None) -> np.ndarray:
+    """Ollama's dimensions: the first n values, unit length again (a Matryoshka-trained model's smaller vector)."""
+    if n_dimensions is None or n_dimensions == len(vector):
+        return vector
+    head = vector[:n_dimensions]
+    return head / max(float(np.linalg.norm(head)), 1e-12)
 
 
 # -- replies -----------------------------------------------------------------------------------
@@ -279,7 +325,7 @@ class _Timing:
         ended = self.ended_ns or time.monotonic_ns()
         first = self.first_ns or ended
         return {"total_duration": max(1, ended - self.started_ns), "load_duration": 0,
-                "prompt_eval_count": n_prompt - (usage.cached_tokens if usage else 0),
+                "prompt_eval_count": n_prompt,  # the whole prompt, cached or not, as Ollama counts it
                 "prompt_eval_duration": max(1, first - self.started_ns),
                 "eval_count": usage.completion_tokens if usage else 0, "eval_duration": max(1, ended - first)}
 

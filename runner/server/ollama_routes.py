@@ -3,6 +3,7 @@ and the model as Ollama describes it. Every error in Ollama's envelope."""
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,6 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from runner.catalog.store import ModelStore, shares_a_file
+from runner.model.model_facts import ModelFacts
+from runner.scheduler.scheduler import PromptTooLongError
 from runner.server import ollama_api, ollama_models, ollama_pulls
 from runner.server.chat_pipeline import chat_request, completion_request, embed, embedding_ids, reasoning_splitter
 from runner.server.edge import api_body, check_auth
@@ -75,25 +78,62 @@ async def _generate(state: ServerState, request: Request, params: Any, body: dic
 
 @ollama_errors
 async def embed_route(state: ServerState, request: Request) -> Response:
-    """/api/embed: {model, input: text or texts} -> {embeddings}; /api/embeddings (older): {prompt} -> {embedding}."""
+    """/api/embed: {model, input: text or texts, truncate, dimensions} -> {embeddings}; /api/embeddings
+    (older): {prompt} -> {embedding}."""
     started_ns = time.monotonic_ns()
     body = await api_body(state, request, any_content_type=True)
     check_model(request_model(body), state.model_ids)
-    older = request.url.path == "/api/embeddings"
-    key = "prompt" if older else "input"
+    if request.url.path == "/api/embeddings":
+        return await _older_embedding(state, body)
+    texts = _texts(body, "input")
+    n_dimensions = ollama_api.embed_dimensions(body, state.facts.n_embd)
+    truncates = ollama_api.TRUNCATE.read(body, True)
+    ids = await (_truncated_ids(state, texts) if truncates else embedding_ids(state, texts))
+    vectors = [ollama_api.shortened(v, n_dimensions).tolist() for v in await embed(state, ids)]
+    return JSONResponse({"model": body.get("model"), "embeddings": vectors,
+                         "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
+                         "prompt_eval_count": sum(len(x) for x in ids)})
+
+
+async def _older_embedding(state: ServerState, body: dict[str, Any]) -> Response:
+    text = _texts(body, "prompt")[0]
+    if not text:  # (Ollama answers an empty prompt so)
+        return JSONResponse({"embedding": []})
+    (vector,) = await embed(state, await embedding_ids(state, [text], "prompt"), "prompt")
+    return JSONResponse({"embedding": vector.tolist()})
+
+
+def _texts(body: dict[str, Any], key: str) -> list[str]:
     texts = body.get(key)
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise invalid(f"{key} must be a string or a non-empty list of strings", key)
-    if older and not texts[0]:  # (Ollama answers an empty prompt so)
-        return JSONResponse({"embedding": []})
-    ids = await embedding_ids(state, texts, key)
-    vectors = [v.tolist() for v in await embed(state, ids, key)]
-    if older:
-        return JSONResponse({"embedding": vectors[0]})
-    return JSONResponse({"model": body.get("model"), "embeddings": vectors,
-                         "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
-                         "prompt_eval_count": sum(len(x) for x in ids)})
+    return texts
+
+
+async def _truncated_ids(state: ServerState, texts: list[str]) -> list[list[int]]:
+    """Each text's tokens, cut to what the embedding context holds (Ollama's truncate)."""
+    ids = await embedding_ids(state, [_tokenizable_start(state.facts, t) for t in texts])
+    n_ctx = (await run_in_threadpool(state.embedding_thread)).n_ctx
+    if all(len(x) <= n_ctx for x in ids):
+        return ids
+    (special_ids,) = await embedding_ids(state, [""])
+    return [ollama_api.truncated_ids(x, n_ctx, special_ids) for x in ids]
+
+
+def _tokenizable_start(facts: ModelFacts, text: str) -> str:
+    """The longest start of text that ModelFacts.check_text_fits lets the server tokenize: it still
+    makes at least a slot's tokens, and an embedding input keeps no more than that."""
+    def is_refused(n_chars: int) -> bool:
+        try:
+            facts.check_text_fits(n_chars)
+        except PromptTooLongError:
+            return True
+        return False
+
+    if not is_refused(len(text)):
+        return text
+    return text[:bisect.bisect_left(range(len(text)), True, key=is_refused) - 1]
 
 
 def request_model(body: dict[str, Any], older_name: str | None = None) -> str | None:

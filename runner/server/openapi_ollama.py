@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.server import request_fields
+from runner.server import ollama_api, request_fields
 from runner.server.openapi_schema import object_schema
 
 STRING, INTEGER, NUMBER, BOOLEAN = ({"type": t} for t in ("string", "integer", "number", "boolean"))
@@ -38,6 +38,7 @@ GENERATE_BODY = _open({**COMMON, "prompt": STRING, "suffix": STRING, "system": S
                        "template": STRING}, ["model"])
 EMBED_BODY = _open({"model": request_fields.MODEL.schema(),
                     "input": {"oneOf": [STRING, {"type": "array", "items": STRING, "minItems": 1}]},
+                    "truncate": ollama_api.TRUNCATE.schema(), "dimensions": ollama_api.DIMENSIONS.schema(),
                     "keep_alive": KEEP_ALIVE}, ["model", "input"])
 SHOW_BODY = _open({"model": request_fields.MODEL.schema()}, ["model"])
 DONE = {"done": BOOLEAN, "done_reason": STRING, "total_duration": INTEGER, "load_duration": INTEGER,
@@ -64,9 +65,10 @@ NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 
 
 def paths(forbidden: dict[str, Any], needs_key: bool, model_ids: list[str] | None) -> dict[str, Any]:
-    """Ollama's paths; `forbidden`: the Host/Origin guard's 403 (OpenAI's envelope, before any route)."""
+    """Ollama's paths; `forbidden`: the Host/Origin guard's 403, here in Ollama's envelope (guards.refusal)."""
     errors = {status: {"description": why, "content": {"application/json": {"schema": OLLAMA_ERROR}}}
               for status, why in OLLAMA_ERRORS.items() if status != "401" or needs_key}
+    forbidden = {**forbidden, "content": {"application/json": {"schema": OLLAMA_ERROR}}}
     errors["403"] = forbidden
 
     def body(schema: dict[str, Any]) -> dict[str, Any]:

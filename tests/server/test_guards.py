@@ -162,3 +162,22 @@ def test_a_request_without_a_host_is_told_so() -> None:
     with pytest.raises(ApiError) as caught:
         check_host(HostPolicy.for_server("127.0.0.1"), Request(scope))
     assert caught.value.message == "a request must name its Host (DNS rebinding protection)"
+
+
+def test_a_refusal_under_api_is_in_ollamas_envelope(client: TestClient, state: ServerState) -> None:
+    """Ollama's clients read {"error": "..."} (the official one's ResponseError.error was a dict)."""
+    before = n_requests(state)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
+    by_origin = client.post("/api/chat", json=body, headers={"Origin": "http://evil.example"})
+    assert (by_origin.status_code, by_origin.json()) == (403, {"error": (
+        "Cross-origin requests from http://evil.example are not allowed; start the server with "
+        "--cors-origins http://evil.example to allow them")})
+    by_host = client.post("/api/chat", json=body, headers={"Host": "evil.example"})
+    assert (by_host.status_code, by_host.json()) == (403, {"error": (
+        "Host 'evil.example' is not allowed (DNS rebinding protection); start the server with "
+        "--allowed-hosts NAME to answer to it")})
+    assert n_requests(state) == before
+    documented = client.get("/openapi.json").json()["paths"]["/api/chat"]["post"]["responses"]["403"]
+    schema = documented["content"]["application/json"]["schema"]
+    assert (schema["properties"], schema["required"]) == ({"error": {"type": "string"}}, ["error"])
+    assert documented["description"] == "Host or Origin not allowed"

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import jsonschema
+import numpy as np
 import ollama
 import pytest
 from server_process import ServerProcess
@@ -189,3 +190,57 @@ def test_copy_and_create_say_they_are_not_supported(client: ollama.Client) -> No
     with pytest.raises(ollama.ResponseError) as created:
         client.create(model="mine", from_=MODEL, system="be brief")
     assert created.value.status_code == 501 and "/api/create" in created.value.error
+
+
+def test_prompt_eval_count_is_the_whole_prompt_when_the_cache_serves_it(client: ollama.Client,
+                                                                        server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": "Count the prompt's tokens, all of them."}]
+    counts = [client.chat(model=MODEL, messages=messages, options=GREEDY).prompt_eval_count for _ in range(2)]
+    usage = server.post("/v1/chat/completions", json={"messages": messages, "temperature": 0,
+                                                      "max_tokens": 1}).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0  # (the cache served it: it was counted out)
+    assert counts == [usage["prompt_tokens"]] * 2
+
+
+def test_an_integer_option_may_be_a_whole_number_float(server: ServerProcess) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "raw": True, "stream": False,
+            "options": {"num_predict": 3.0, "seed": 7.0, "top_k": 1.0}}
+    reply = server.post("/api/generate", json=body).json()
+    assert (reply["eval_count"], reply["done_reason"]) == (3, "length")
+    refused = server.post("/api/generate", json={**body, "options": {"num_predict": 3.5}})
+    assert (refused.status_code, refused.json()) == (400, {"error": "'num_predict' must be an integer, got 3.5"})
+
+
+@pytest.fixture(scope="module")
+def short_context(serve_smollm2: Callable[..., ServerProcess]) -> Iterator[ollama.Client]:
+    """A server whose embedding context holds 256 tokens (as tests/server/test_embeddings.py starts it)."""
+    with ollama.Client(host=serve_smollm2("--parallel", "2", "--ctx-size", "256").url) as c:
+        yield c
+
+
+LONG = "hello " * 300  # 301 tokens
+FIRST_256 = "hello" + " hello" * 255  # its first 256
+
+
+def test_embed_truncates_an_input_too_long_unless_told_not_to(short_context: ollama.Client) -> None:
+    truncated = short_context.embed(model=MODEL, input=[LONG, "the sea"])
+    assert truncated.prompt_eval_count == 256 + short_context.embed(model=MODEL, input="the sea").prompt_eval_count
+    assert list(truncated.embeddings[0]) == list(short_context.embed(model=MODEL, input=FIRST_256).embeddings[0])
+    huge = short_context.embed(model=MODEL, input="hello " * 7_000)  # (more characters than the server tokenizes)
+    assert huge.prompt_eval_count == 256 and list(huge.embeddings[0]) == list(truncated.embeddings[0])
+    with pytest.raises(ollama.ResponseError) as refused:
+        short_context.embed(model=MODEL, input=LONG, truncate=False)
+    assert (refused.value.status_code, refused.value.error) == (
+        400, "input 0 has 301 tokens; an embedding input holds at most 256")
+
+
+def test_embed_dimensions_are_the_first_values_at_unit_length(client: ollama.Client, server: ServerProcess) -> None:
+    (full,) = client.embed(model=MODEL, input="the sea").embeddings
+    (short,) = client.embed(model=MODEL, input="the sea", dimensions=64).embeddings
+    head = np.array(full[:64])
+    np.testing.assert_allclose(short, head / np.linalg.norm(head), rtol=1e-5)
+    assert list(client.embed(model=MODEL, input="the sea", dimensions=576).embeddings[0]) == list(full)
+    for dimensions, error in ((100_000, "'dimensions' must be at most this model's 576, got 100000"),
+                              (-3, "'dimensions' must be at least 1, got -3")):
+        refused = server.post("/api/embed", json={"model": MODEL, "input": "hi", "dimensions": dimensions})
+        assert (refused.status_code, refused.json()) == (400, {"error": error})

@@ -4,12 +4,15 @@ no model needed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
 from runner.server.errors import ApiError
-from runner.server.ollama_api import OllamaBuilder, parse_chat, parse_generate
+from runner.server.ollama_api import (OllamaBuilder, embed_dimensions, parse_chat, parse_generate, shortened,
+                                      truncated_ids)
 from runner.server.params import ChatParams, CompletionParams
 from runner.server.reasoning import ReasoningSplitter
 
@@ -134,3 +137,63 @@ def test_show_says_an_embedding_model_embeds(tmp_path) -> None:  # type: ignore[
     embedder = read_gguf(write_tiny_gguf(tmp_path / "e.gguf", pooling_type=1))
     chat_model = read_gguf(write_tiny_gguf(tmp_path / "c.gguf"))
     assert capabilities(embedder) == ["embedding"] and capabilities(chat_model)[0] == "completion"
+
+
+@pytest.mark.parametrize(("option", "read"), [
+    ("num_predict", lambda p: p.common.max_tokens),
+    ("seed", lambda p: p.common.sampling.seed),
+    ("top_k", lambda p: p.common.sampling.top_k),
+    ("repeat_last_n", lambda p: p.common.sampling.repeat_last_n),
+])
+def test_a_whole_number_float_is_an_integer_option_as_ollama_reads_json(option: str,
+                                                                        read: Callable[[ChatParams], object]) -> None:
+    got = read(chat(options={option: 3.0}))
+    assert (got, type(got)) == (3, int)
+    params = chat(options={"num_ctx": float(CTX), "temperature": 1.0})  # (a number option stays a float)
+    assert (params.common.sampling.temperature, type(params.common.sampling.temperature)) == (1.0, float)
+
+
+@pytest.mark.parametrize("option", ["num_predict", "seed", "top_k", "num_ctx", "repeat_last_n"])
+def test_a_fractional_integer_option_is_still_a_400(option: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        chat(options={option: 3.5})
+    assert (caught.value.status, caught.value.message) == (400, f"'{option}' must be an integer, got 3.5")
+
+
+def test_prompt_eval_count_is_the_whole_prompt_cached_or_not() -> None:
+    """As Ollama counts it (apps track the context's fill by it): not only the tokens computed anew."""
+    builder = OllamaBuilder("m", 37, True)
+    builder.add(StreamEvent("r", "hi", finish_reason=FinishReason.STOP, usage=Usage(37, 1, cached_tokens=36)))
+    assert builder.whole()["prompt_eval_count"] == 37
+    assert json.loads(builder.stream_end(False))["prompt_eval_count"] == 37
+
+
+@pytest.mark.parametrize(("ids", "special_ids", "expected"), [
+    ([1, 2, 3], [], [1, 2, 3]),  # fits: as it is
+    ([5, 6, 7, 8, 9, 10], [], [5, 6, 7, 8]),  # no special tokens (SmolLM2)
+    ([1, 6, 7, 8, 9, 10], [1], [1, 6, 7, 8]),  # a BOS first
+    ([6, 7, 8, 9, 10, 2], [2], [6, 7, 8, 2]),  # an EOS last (last-token pooling reads it)
+    ([101, 6, 7, 8, 9, 102], [101, 102], [101, 6, 7, 102]),  # BERT's [CLS] ... [SEP]
+])
+def test_truncated_ids_keep_the_tokenizers_end_tokens(ids: list[int], special_ids: list[int],
+                                                      expected: list[int]) -> None:
+    assert truncated_ids(ids, 4, special_ids) == expected
+
+
+def test_dimensions_keep_the_first_values_at_unit_length() -> None:
+    vector = np.array([3, 4, 12, 0], dtype=np.float32) / 13
+    np.testing.assert_allclose(shortened(vector, 2), [0.6, 0.8], rtol=1e-6)
+    assert shortened(vector, 4) is vector and shortened(vector, None) is vector
+
+
+@pytest.mark.parametrize(("dimensions", "message"), [
+    (577, "'dimensions' must be at most this model's 576, got 577"),
+    (0, "'dimensions' must be at least 1, got 0"),
+    (-3, "'dimensions' must be at least 1, got -3"),
+    (64.5, "'dimensions' must be an integer, got 64.5"),
+])
+def test_dimensions_beyond_the_models_own_are_a_400(dimensions: object, message: str) -> None:
+    assert embed_dimensions({"dimensions": 64}, 576) == 64 and embed_dimensions({}, 576) is None
+    with pytest.raises(ApiError) as caught:
+        embed_dimensions({"dimensions": dimensions}, 576)
+    assert (caught.value.status, caught.value.message) == (400, message)
