@@ -32,7 +32,7 @@ from runner.server.openapi import openapi_document
 from runner.server.request_fields import check_model, parse_json
 from runner.server.routes import one_model
 from runner.server import routes as server_routes
-from runner.server.routes import index_page, route_table
+from runner.server.routes import index_page, ollama_is_running, on_port, route_table
 
 Handler = Callable[[RouterState, Request], Awaitable[Response]]
 ASK_TIMEOUT_S = 10.0  # /slots and /metrics leave out a model process that does not answer in time
@@ -245,6 +245,8 @@ async def openapi(state: RouterState, request: Request) -> Response:
 
 
 async def index(state: RouterState, request: Request) -> Response:
+    if on_port(request, state.ollama_port):
+        return ollama_is_running()
     return index_page(state.pool.default or "", state.api_key is not None)
 
 

@@ -25,7 +25,8 @@ from runner.runtime.gpu_fit import Offload
 from runner.runtime.layer_split import parse_tensor_split
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes, layer_costs
 from runner.runtime.rpc_address import parse_workers
-from runner.server.serve import api_key, cmd_serve, host_policy, listening_sockets, print_ready, serve_flags_for_models
+from runner.server.serve import (api_key, cmd_serve, host_policy, listening_sockets, ollama_port, print_ready,
+                                 serve_flags_for_models)
 
 DEFAULT_KEEP_ALIVE = "30m"
 
@@ -117,7 +118,8 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
                      max_waiting=options.max_queue, n_threads=options.threads, log=log)
     state = RouterState(pool, api_key(args), host_policy(args), _names(args.cors_origins),
                         int(args.max_body_mb * 1e6), max_n=options.parallel, slot_context=models[0].options.ctx_size,
-                        preload=not args.no_preload, describe=header_reader(store), store=store, options=options)
+                        preload=not args.no_preload, describe=header_reader(store), store=store, options=options,
+                        ollama_port=ollama_port(listening))
     n_models = f"{len(models)} model{'s' if len(models) > 1 else ''}"
     log(f"runner: {n_models} servable (first: {models[0].name}); idle models unload after {describe(keep_alive)}")
 

@@ -28,4 +28,5 @@ class RouterState:
     # a servable model's GGUF header, read without loading it (None: its file is not here)
     describe: Callable[[ServableModel], GgufInfo | None] = lambda model: None
     store: ModelStore | None = None  # the cache /api/pull and /api/delete change
+    ollama_port: int | None = None  # --ollama-port's, where `GET /` answers as Ollama does
     options: EngineOptions = field(default_factory=EngineOptions)  # for a model pulled while serving

@@ -195,7 +195,20 @@ _PAGE = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEBUI_DIR)), autoe
 
 
 async def index(state: ServerState, request: Request) -> Response:
+    if on_port(request, state.ollama_port):
+        return ollama_is_running()
     return index_page(state.served_name, state.api_key is not None)
+
+
+def ollama_is_running() -> Response:
+    """What Ollama answers at its root: apps look for it to find a server."""
+    return PlainTextResponse("Ollama is running")
+
+
+def on_port(request: Request, port: int | None) -> bool:
+    """Whether the request came in on this port (of this server's own sockets)."""
+    server = request.scope.get("server")
+    return port is not None and server is not None and server[1] == port
 
 
 def index_page(model: str, needs_key: bool) -> HTMLResponse:

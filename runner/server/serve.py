@@ -136,7 +136,7 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
                         hosts=host_policy(args),
                         cors_origins=_names(args.cors_origins), max_body_bytes=int(args.max_body_mb * 1e6),
                         reasoning_format=args.reasoning_format, is_model_process=args.model_process,
-                        allow_remote_media=args.allow_remote_media)
+                        allow_remote_media=args.allow_remote_media, ollama_port=ollama_port(sockets))
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
     config = uvicorn.Config(create_app(state), **where, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
@@ -149,6 +149,11 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
     finally:
         state.close()
     return 0
+
+
+def ollama_port(sockets: list[socket.socket] | None) -> int | None:
+    """The port --ollama-port listens on (as bound: 0 asks the system for one), if any."""
+    return sockets[1].getsockname()[1] if sockets and len(sockets) == 2 else None
 
 
 def listening_sockets(args: argparse.Namespace) -> list[socket.socket] | None:

@@ -32,6 +32,7 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     is_model_process: bool = False  # started by a router, which may set its threads
     allow_remote_media: bool = False  # fetch http(s) image URLs (server.images.fetch)
+    ollama_port: int | None = None  # --ollama-port's, where `GET /` answers as Ollama does
     is_closed: bool = False
     _pump: EventPump | None = None
     _embeddings: EmbeddingThread | None = None

@@ -34,3 +34,14 @@ def test_v1_models_says_what_a_catalog_model_not_pulled_yet_takes(tmp_path: Path
         listed = {m["id"]: m["inputs"] for m in client.get("/v1/models").json()["data"]}
     assert listed == {"smolvlm-256m-instruct": ["text", "image"], "smolvlm-500m-instruct": ["text", "image"],
                       "smollm2-135m-instruct": ["text"], "hf.co/org/repo-GGUF:Q8_0": ["text"], "tiny": ["text"]}
+
+
+def test_the_root_on_the_ollama_port_answers_as_ollama_does(tmp_path: Path, tiny_gguf: Path) -> None:
+    """Apps find an Ollama server by `GET /` saying so; the main port keeps the web chat."""
+    state = idle_router([ServableModel("tiny", str(tiny_gguf), EngineOptions())], ModelStore(root=tmp_path))
+    state.ollama_port = 11434
+    with TestClient(create_router_app(state, log=lambda _: None), base_url="http://127.0.0.1:11434") as client:
+        root = client.get("/")
+        assert (root.status_code, root.text, root.headers["content-type"]) == (200, "Ollama is running",
+                                                                               "text/plain; charset=utf-8")
+        assert client.get("http://127.0.0.1:8080/").headers["content-type"].startswith("text/html")

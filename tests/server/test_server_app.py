@@ -212,3 +212,11 @@ def test_name_latest_names_the_served_model_unless_a_model_is_named_so(app_state
         assert (missing.status_code, missing.json()) == (
             404, {"error": "The model 'other:latest' does not exist; this server serves: tiny"})
     assert check_model("tiny:latest", ["tiny", "tiny:latest"]) == "tiny:latest"  # a model named so is that one
+
+
+def test_the_root_on_the_ollama_port_answers_as_ollama_does(app_state: ServerState) -> None:
+    """Apps find an Ollama server by `GET /` saying so; the main port keeps the web chat."""
+    app_state.ollama_port = 11434
+    with TestClient(create_app(app_state), base_url="http://127.0.0.1:11434") as client:
+        assert (client.get("/").text, client.head("/").status_code) == ("Ollama is running", 200)
+        assert client.get("http://127.0.0.1:8080/").headers["content-type"].startswith("text/html")
