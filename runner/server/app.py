@@ -39,7 +39,7 @@ def create_app(state: ServerState) -> Starlette:
 def assembled(table: list[BaseRoute], lifespan: Lifespan, hosts: HostPolicy, cors_origins: frozenset[str]) -> Starlette:
     """A server's routes behind the guards (Host, Origin; CORS where allowed), with the error envelopes."""
     handlers: dict[Any, Callable] = {ApiError: api_error, HTTPException: http_error, Exception: server_error}
-    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins)]
+    middleware = [Middleware(RequestGuard, hosts=hosts, cors_origins=cors_origins, refusal=enveloped)]
     if cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(cors_origins), allow_methods=["*"],
                                      allow_headers=["*"], max_age=600))

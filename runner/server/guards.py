@@ -1,6 +1,6 @@
 """What a request must pass before any work is done: the Host it was sent to, the page it came
-from, its content type and its body size. Each refusal is an OpenAI error envelope (Ollama's
-under /api/).
+from, its content type and its body size. Each refusal is in the envelope of the API asked (the
+app's choice, by path: OpenAI's, Anthropic's, Ollama's).
 
 Why: a server on 127.0.0.1 is reachable from every web page the user opens. A page may send a
 "simple" cross-site POST (text/plain, no preflight) and, through DNS rebinding (its own name
@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from starlette.datastructures import MutableHeaders
@@ -148,25 +148,17 @@ def check_json_value(value: object, depth: int = 0) -> None:
             check_json_value(item, depth + 1)
 
 
-def refusal(path: str, exc: ApiError) -> Response:
-    """A guard's refusal in the envelope of the API asked: Ollama's {"error": "..."} under /api/
-    (its clients read the error as a string), else OpenAI's."""
-    if path.startswith("/api/"):
-        # NOTE: imported here: ollama_api imports request_fields, which imports this module
-        from runner.server.ollama_api import error_response
-
-        return error_response(exc)
-    return exc.response()
-
-
 class RequestGuard:
     """ASGI middleware: Host and Origin checked on every request before any route runs, and
     nosniff on every response."""
 
-    def __init__(self, app: ASGIApp, hosts: HostPolicy, cors_origins: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, hosts: HostPolicy, cors_origins: frozenset[str],
+                 refusal: Callable[[str, ApiError], Response] = lambda path, exc: exc.response()) -> None:
+        """`refusal`: the error's response for a path (the app's: each dialect's own envelope)."""
         self.app = app
         self.hosts = hosts
         self.cors_origins = cors_origins
+        self.refusal = refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -177,7 +169,7 @@ class RequestGuard:
             check_host(self.hosts, request)
             check_origin(request, self.cors_origins)
         except ApiError as exc:
-            await refusal(scope["path"], exc)(scope, receive, send)
+            await self.refusal(scope["path"], exc)(scope, receive, send)
             return
 
         async def send_with_headers(message: Message) -> None:

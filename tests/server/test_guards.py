@@ -181,3 +181,6 @@ def test_a_refusal_under_api_is_in_ollamas_envelope(client: TestClient, state: S
     schema = documented["content"]["application/json"]["schema"]
     assert (schema["properties"], schema["required"]) == ({"error": {"type": "string"}}, ["error"])
     assert documented["description"] == "Host or Origin not allowed"
+    anthropic = client.post("/v1/messages", json=body, headers={"Origin": "http://evil.example"})
+    assert (anthropic.status_code, anthropic.json()["type"], anthropic.json()["error"]["type"]) == (
+        403, "error", "permission_error")
