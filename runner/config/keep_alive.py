@@ -21,8 +21,10 @@ def parse_keep_alive(value: object, what: str = "--keep-alive") -> float:
     """Seconds an idle model is kept (math.inf: forever); OptionError naming `what` otherwise."""
     if isinstance(value, bool):
         raise OptionError(f"{what} must be a duration such as 30m, 300 or -1, got {value!r}")
-    if isinstance(value, (int, float)) and not math.isnan(value):
-        return _kept_s(float(value))
+    if isinstance(value, int):  # (compared as it is: an integer past a float's range overflows float())
+        return FOREVER if value < 0 or value > LONGEST_S else float(value)
+    if isinstance(value, float) and not math.isnan(value):
+        return _kept_s(value)
     if isinstance(value, str):
         text = value.strip()
         try:

@@ -172,6 +172,8 @@ class ModelPool:
         a request's does: 0 unloads an idle model now, and a loading or busy one once its load and
         requests have ended (release, expire)."""
         slot = self._slots[name]
+        if slot.state is not ModelState.LOADED and slot.loading is None:
+            return  # (not loaded nor loading: nothing to unload, and a later load keeps its own)
         slot.keep_for(keep_alive_s)
         if slot.keep_alive_s == 0 and slot.state is ModelState.LOADED and slot.n_in_flight == 0:
             self._unload_soon(slot)
@@ -221,7 +223,8 @@ class ModelPool:
             task.add_done_callback(self._sharing.discard)
 
     async def load(self, name: str) -> None:
-        """Load without a request (POST /models/load)."""
+        """Load without a request (POST /models/load), to stay its default keep-alive."""
+        self._slots[name].keep_for(None)
         await self._loaded(self._slots[name])
         self._slots[name].last_used_s = self._clock()
 

@@ -52,7 +52,7 @@ async def model_request(state: RouterState, request: Request) -> Response:
         name = _served_name(state, parsed.get("model") if isinstance(parsed, dict) else None)
         keep_alive = ollama_api.keep_alive(parsed)
         check_params(path, parsed)
-        if ollama and keep_alive == 0 and _is_empty_ollama_request(parsed):  # an unload: nothing to run
+        if path in UNLOADING_PATHS and keep_alive == 0 and _is_empty_ollama_request(parsed):  # nothing to run
             state.pool.set_keep_alive(name, keep_alive)
             return JSONResponse(ollama_api.loaded_reply(parsed["model"], True, path == "/api/chat"))
         is_cold = not state.pool.is_loaded(name)
@@ -86,6 +86,11 @@ def check_params(path: str, body: dict[str, Any]) -> None:
     parser = BODY_PARSERS.get(path)
     if parser is not None:
         parser(body)
+
+
+# where Ollama reads a request with nothing to run and keep_alive 0 as "unload" (an empty embed is
+# passed on: its keep_alive 0 unloads after its reply, as any request's does)
+UNLOADING_PATHS = ("/api/chat", "/api/generate")
 
 
 def _is_empty_ollama_request(body: dict) -> bool:

@@ -11,7 +11,7 @@ def test_durations_are_read_as_ollama_writes_them(value: object, seconds: float)
     assert parse_keep_alive(value) == seconds
 
 
-@pytest.mark.parametrize("value", [1e30, 3e11, "3e11", "100000000h", "1e400", float("inf"), LONGEST_S + 1])
+@pytest.mark.parametrize("value", [1e30, 3e11, "3e11", "100000000h", "1e400", float("inf"), LONGEST_S + 1, 10**400, -(10**400)])
 def test_a_keep_alive_past_ollamas_longest_duration_is_forever(value: object) -> None:
     """(3e11 s, past the year 9999, made /api/ps a 500 and `runner ps` count the hours left in millions.)"""
     assert parse_keep_alive(value) == FOREVER

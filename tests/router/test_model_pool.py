@@ -255,6 +255,24 @@ def test_keep_alive_0_said_while_a_model_loads_unloads_it_once_loaded_and_its_re
     run(test)
 
 
+def test_keep_alive_0_said_to_an_unloaded_model_does_not_outlive_it() -> None:
+    """(An Ollama unload of a model not loaded left keep-alive 0 on it: a later POST /models/load,
+    pinned or not, was undone a second after.)"""
+    log: list[str] = []
+    clock = Clock()
+
+    async def test() -> None:
+        pool, _ = make_pool([model("a", pinned=True), "b"], log, clock=clock, keep_alive_s=300.0)
+        for name in ("a", "b"):
+            pool.set_keep_alive(name, 0.0)
+            await pool.load(name)
+        clock.now += 1
+        assert await pool.expire() == []
+        assert [s.state for s in pool.statuses()] == [ModelState.LOADED, ModelState.LOADED]
+
+    run(test)
+
+
 def test_under_a_memory_budget_the_lru_idle_model_goes_and_pinned_and_busy_ones_stay() -> None:
     log: list[str] = []
     clock = Clock()

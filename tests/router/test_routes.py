@@ -45,3 +45,16 @@ def test_the_root_on_the_ollama_port_answers_as_ollama_does(tmp_path: Path, tiny
         assert (root.status_code, root.text, root.headers["content-type"]) == (200, "Ollama is running",
                                                                                "text/plain; charset=utf-8")
         assert client.get("http://127.0.0.1:8080/").headers["content-type"].startswith("text/html")
+
+
+def test_an_embed_with_keep_alive_0_is_passed_on_not_read_as_an_unload(tmp_path: Path, tiny_gguf: Path) -> None:
+    """Ollama's empty-request unload is chat's and generate's: an embed (its text under `input`)
+    was answered "unload" with no embeddings. Here it goes on to its model (whose load this pool
+    refuses: the request reached it)."""
+    state = idle_router([ServableModel("tiny", str(tiny_gguf), EngineOptions())], ModelStore(root=tmp_path))
+    with TestClient(create_router_app(state, log=lambda _: None), base_url="http://127.0.0.1",
+                    raise_server_exceptions=False) as client:
+        embed = client.post("/api/embed", json={"model": "tiny", "input": ["hello"], "keep_alive": 0})
+        unload = client.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+    assert embed.status_code == 500 and "done_reason" not in embed.text
+    assert (unload.status_code, unload.json()["done_reason"]) == (200, "unload")
