@@ -191,10 +191,20 @@ class LoadedModel:
 
     def media_chunks(self, data: bytes, kind: str | None = None) -> tuple[ImageChunk, ...]:
         """An image (or an audio clip: `kind` 'audio', None for either) as its prompt spans (a clip
-        one per window), encoded on the caller's thread (the engine's steps go on meanwhile);
-        MediaError when the projector cannot read it or takes no such input."""
-        assert self.projector is not None and self.runner.images is not None
-        return tuple(self.runner.images.ready(chunk) for chunk in self.projector.chunks(data, kind))
+        one per window, a tiling projector's image one per tile), encoded on the caller's thread
+        (the engine's steps go on meanwhile); MediaError when the projector cannot read it or takes
+        no such input."""
+        return self.encoded(self.media_spans(data, kind))
+
+    def media_spans(self, data: bytes, kind: str | None = None) -> tuple[ImageChunk, ...]:
+        """media_chunks before encoding: what they cost in positions is known, no encoder has run."""
+        assert self.projector is not None
+        return self.projector.chunks(data, kind)
+
+    def encoded(self, chunks: tuple[ImageChunk, ...]) -> tuple[ImageChunk, ...]:
+        """The chunks with their embeddings (from the media cache, else the encoder)."""
+        assert self.runner.images is not None
+        return tuple(self.runner.images.ready(chunk) for chunk in chunks)
 
     def _wants_mtp(self, store: ModelStore, ref: ModelRef | None, log: Callable[[str], None]) -> bool:
         """Draft with the model's own MTP layers? With --spec mtp (refused with one line where the

@@ -1,7 +1,7 @@
 """The one module that imports llama.cpp's libmtmd: a vision (or audio) projector beside a text model.
 
-An image becomes one `ImageChunk` (an audio clip one per 30-second window of a whisper-style
-encoder): the text tokens the projector wants around it (a model's <start_of_image> and the like)
+An image becomes one `ImageChunk` (a tiling projector's, e.g. SmolVLM's idefics3, one per tile
+and one for the overview; an audio clip one per 30-second window of a whisper-style encoder): the text tokens the projector wants around it (a model's <start_of_image> and the like)
 and the span itself, n_tokens positions that are decoded from the projector's embeddings rather
 than from tokens. Encoding (the vision encoder) and decoding (its rows into one KV sequence) run
 on the engine's thread, one span per step.
@@ -89,7 +89,7 @@ class Projector:
 
     def chunks(self, data: bytes, kind: str | None = None) -> tuple[ImageChunk, ...]:
         """The image (png, jpeg, gif, bmp...) or audio clip (wav, mp3, flac) as its prompt spans (an
-        image one, a clip one per window), told apart by libmtmd from the bytes; MediaError if it
+        image one, or one per tile; a clip one per window), told apart by libmtmd from the bytes; MediaError if it
         cannot read it, if it is not `kind`, or if this projector takes no such input."""
         if is_webp(data):  # (libmtmd would hand it to ffmpeg, where one is installed)
             png = webp_as_png(data)
@@ -139,7 +139,7 @@ class Projector:
             if not media:
                 raise MediaError("the projector made no image span of this image")
             spans = []
-            for i, chunk in enumerate(media):  # (a clip's windows share its id: each key adds its index)
+            for i, chunk in enumerate(media):  # (a clip's windows, an image's tiles share its id: each key adds its index)
                 key = (_mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode() + (f":{i}" if len(media) > 1 else "")
                 spans.append(self._span(chunk, key, texts[i], texts[-1] if i == len(media) - 1 else []))
             return tuple(spans)

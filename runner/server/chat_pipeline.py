@@ -122,7 +122,7 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
         if image.kind == "audio" and not state.facts.takes_audio:
             raise invalid(f"{image.where}: this model takes no audio (start it with --mmproj FILE, an audio "
                           "projector, or choose a model that hears)", image.where, "model_takes_no_audio")
-    chunks = []
+    spans = []
     for image in images:
         data = image.data
         if image.url:
@@ -130,12 +130,27 @@ async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> l
                 refuse_remote(image)
             data = await run_in_threadpool(fetch, image)
         try:
-            chunks.append(await run_in_threadpool(state.loaded.media_chunks, data, image.kind))
+            spans.append(await run_in_threadpool(state.loaded.media_spans, data, image.kind))
         except ValueError as exc:  # (runtime.mtmd.MediaError)
             raise invalid(f"{image.where}: {exc}", image.where, f"invalid_{image.kind}") from None
+    _check_media_fits(state, images, spans)
+    chunks = []
+    for image, chunk in zip(images, spans):
+        try:
+            chunks.append(await run_in_threadpool(state.loaded.encoded, chunk))
         except RuntimeError as exc:  # the projector failed to encode it: the server's fault, said as it is
             raise ApiError(500, f"{image.where}: {exc}", "server_error", code="image_encode_failed") from None
     return chunks
+
+
+def _check_media_fits(state: ServerState, images: tuple[ImageInput, ...], spans: list[tuple]) -> None:
+    """Refuse, before any encoder runs, media whose spans alone take a slot's context (a long clip is
+    a span per 30 seconds: an hour of audio would be encoded only to be refused)."""
+    n_positions = sum(chunk.n_tokens for chunks in spans for chunk in chunks)
+    if n_positions >= state.facts.ctx_size:
+        where = images[0].where if len(images) == 1 else "messages"
+        raise invalid(f"the request's {len(images)} image(s) and clip(s) take {n_positions} positions; a slot's "
+                      f"context holds {state.facts.ctx_size}", where, "context_length_exceeded")
 
 
 async def _chat_constraint(state: ServerState, params: ChatParams, common: CommonParams, reading: ToolReading | None,

@@ -135,3 +135,15 @@ def test_a_clip_longer_than_one_window_is_every_window_of_the_prompt(hearing: An
     assert other_tail.json()["choices"][0]["message"]["content"] != tone_tail.json()["choices"][0]["message"]["content"]
     again = post(hearing, [audio_part(clip(1760.0))])  # (its KV reused: the same reply)
     assert again.json()["choices"][0]["message"]["content"] == other_tail.json()["choices"][0]["message"]["content"]
+
+
+def test_clips_that_alone_fill_the_context_are_refused_before_any_encode(tiny_gguf: Path, audio_mmproj: Path) -> None:
+    """A clip is a span per 30 s: an hour of audio was encoded, window by window, only to be refused."""
+    loaded = load_tiny(tiny_gguf, 1, mmproj=str(audio_mmproj), ctx_size=128)
+    with in_process_server(loaded) as client:
+        r = post(client, [audio_part(wav_bytes(65.0, 440.0))])  # (3 windows: 150 positions)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["message"] == ("the request's 1 image(s) and clip(s) take 150 positions; a slot's context "
+                                            "holds 128")
+    assert loaded.runner.images.n_encodes == 0

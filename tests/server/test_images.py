@@ -280,7 +280,11 @@ def test_an_image_url_is_not_fetched_and_an_image_too_long_for_the_slot_says_its
         r = openai(client, image_parts("openai", [PNG] * 12))
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
-        assert f"({12 * N_IMAGE_TOKENS} of them for its 12 image(s))" in r.json()["error"]["message"]
+        assert r.json()["error"]["message"] == (f"the request's 12 image(s) and clip(s) take {12 * N_IMAGE_TOKENS} "
+                                                "positions; a slot's context holds 48")  # (refused before encoding)
+        r = openai(client, image_parts("openai", [PNG] * 11))  # (fewer, but too many beside the text)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert f"({11 * N_IMAGE_TOKENS} of them for its 11 image(s))" in r.json()["error"]["message"]
 
 
 def test_ollama_takes_images_on_chat_and_generate(vision: tuple[Any, Any]) -> None:
