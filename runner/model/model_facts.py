@@ -48,6 +48,11 @@ class ModelFacts:
     def token_bytes(self, token_id: int) -> bytes:
         return self._model.token_bytes(token_id)
 
+    def prompt_token_bytes(self, token_id: int) -> bytes:
+        """A prompt token as its writer wrote it: a control token ('<|im_start|>') by its text, which
+        a reply's rendering leaves out (a plain prompt's control tokens are parsed from their text)."""
+        return self._model.token_bytes(token_id) or self._model.token_text(token_id).encode()
+
     def detokenize(self, token_ids: list[int]) -> str:
         return self._model.detokenize(token_ids)
 

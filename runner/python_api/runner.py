@@ -283,7 +283,7 @@ class Runner:
         ids = self.loaded.text_prompt_ids(text)
         (events,) = self._run_group([GenerationRequest(f"api-{next(_ids)}", ids, max_tokens=0, prompt_logprobs=0)])
         scored = [lp.logprob for e in events for lp in e.prompt_logprobs]
-        token = self.loaded.facts.token_bytes
+        token = self.loaded.facts.prompt_token_bytes  # (its control tokens by their text, as written)
         return [(token(t).decode("utf-8", "replace"), lp) for t, lp in zip(ids, [None, *scored], strict=True)]
 
     def beam_search(self, prompt: str | list[dict[str, str]] | list[Message], n: int = 4,

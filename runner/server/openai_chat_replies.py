@@ -290,18 +290,22 @@ class CompletionReplyBuilder(OpenAIReplyBuilder):
     TEXT_KEY = '"text": '
 
     def __init__(self, request_id: str, model: str, token_bytes: TokenText, wants_logprobs: bool,
-                 index: int = 0, echo: tuple[str, tuple[int, ...]] | None = None) -> None:
+                 index: int = 0, echo: tuple[str, tuple[int, ...]] | None = None,
+                 prompt_token_bytes: TokenText | None = None) -> None:
+        """`prompt_token_bytes`: an echoed prompt's tokens as its text spells them (its control
+        tokens too: ModelFacts.prompt_token_bytes), so their offsets are the text's."""
         super().__init__(request_id, model, token_bytes, wants_logprobs, index)
         self.logprobs = CompletionLogprobs()
         self.echo = echo  # the prompt's text and ids, returned before the completion
+        self.prompt_token_bytes = prompt_token_bytes or token_bytes
         if echo is not None:
             self.text_parts.append(echo[0])
             if wants_logprobs and echo[1]:
-                self.logprobs.add_unscored(echo[1][0], token_bytes)
+                self.logprobs.add_unscored(echo[1][0], self.prompt_token_bytes)
 
     def _add_logprobs(self, event: StreamEvent) -> None:
         for lp in event.prompt_logprobs:
-            self.logprobs.add(lp, self.token_bytes)
+            self.logprobs.add(lp, self.prompt_token_bytes)
         for lp in event.logprobs:
             self.logprobs.add(lp, self.token_bytes)
 

@@ -69,7 +69,8 @@ async def completions(state: ServerState, request: Request) -> Response:
     model = common.model or state.served_name
     echoes = [echo for group, echo in zip(completion.groups, completion.echoes, strict=True) for _ in group]
     builders = [CompletionReplyBuilder(gens[0].request_id, model, state.facts.token_bytes,
-                                       common.n_top_logprobs is not None, index=i, echo=echo)
+                                       common.n_top_logprobs is not None, index=i, echo=echo,
+                                       prompt_token_bytes=state.facts.prompt_token_bytes)
                 for i, echo in enumerate(echoes)]
     builder: ReplyBuilder = builders[0]
     if len(builders) > 1:

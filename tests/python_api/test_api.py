@@ -36,6 +36,8 @@ def test_choices_best_of_beams_scores_and_embeddings_reach_the_python_api(tiny_g
         scored = r.score("the cat sat")
         assert scored[0][1] is None and all(lp is not None and lp < 0 for _, lp in scored[1:])
         assert "".join(token for token, _ in scored) == "the cat sat"
+        marked = r.score("<|im_start|>user\nhi<|im_end|>")  # (control tokens: spelled as written)
+        assert "".join(token for token, _ in marked) == "<|im_start|>user\nhi<|im_end|>" and len(marked) < 10
         beams = r.beam_search("the cat", n=3, max_tokens=4)
         assert len(beams) == 3 and {b.finish_reason for b in beams} <= {"stop", "length"}
         same_length = [b.logprob for b in beams if b.finish_reason == "length"]  # ranked by total among these

@@ -109,6 +109,20 @@ def test_echo_scores_the_prompt_as_llama_cpp_does(server: ServerProcess, smollm2
 
 
 @pytest.mark.model
+def test_an_echoed_prompts_control_tokens_are_spelled_as_written(server: ServerProcess) -> None:
+    """A plain prompt's '<|im_start|>' is the model's control token: its logprob entry spells it, so
+    the tokens spell the echoed text and every offset is the text's (the first reply token's was 8, not 30)."""
+    text = "<|im_start|>user\nhi<|im_end|>\n"
+    r = server.post("/v1/completions", json={"prompt": text, "echo": True, "logprobs": 0, "max_tokens": 2,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp, n_prompt = choice["logprobs"], r.json()["usage"]["prompt_tokens"]
+    assert n_prompt == 6 and "".join(lp["tokens"][:n_prompt]) == text  # (<|im_start|>, user, \n, hi, <|im_end|>, \n)
+    assert lp["text_offset"][n_prompt] == len(text) and choice["text"].startswith(text)
+
+
+@pytest.mark.model
 def test_echo_returns_the_prompt_before_the_completion(server: ServerProcess) -> None:
     body = {"prompt": "The quick brown fox", "echo": True, "max_tokens": 4, "temperature": 0}
     whole = server.post("/v1/completions", json={**body, "logprobs": 0}).json()["choices"][0]
