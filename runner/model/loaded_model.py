@@ -492,7 +492,8 @@ PROJECTOR_ARCH = "clip"  # (the GGUF architecture of every libmtmd projector, vi
 def _check_takes_media(info: GgufInfo) -> None:
     """Refused at load, not by the process's abort at the first image (EMBEDDINGS_NEED_MROPE)."""
     arch = info.architecture
-    if arch in EMBEDDINGS_NEED_MROPE and not any(info.arch_value("rope.dimension_sections") or ()):
+    sections = tuple(info.arch_value("rope.dimension_sections") or ()) + (0, 0)
+    if arch in EMBEDDINGS_NEED_MROPE and not (sections[0] > 0 and sections[1] > 0):  # (llama.cpp's use_mrope)
         raise ModelLoadError(f"{info.path.name} ({arch}) was converted without M-RoPE sections: llama.cpp aborts "
                              "decoding an image or clip into it, so it takes no projector; use a GGUF converted for vision")
 

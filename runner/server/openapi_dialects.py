@@ -130,8 +130,8 @@ def paths(api_errors: dict[str, Any], event_stream: dict[str, Any], model_ids: l
 
     anthropic_errors = {status: {"description": why, "content": {"application/json": {"schema": ANTHROPIC_ERROR}}}
                         for status, why in ANTHROPIC_ERRORS.items() if status != "401" or needs_key}
-    # the Host check answers before any route, in OpenAI's envelope whatever the dialect
-    anthropic_errors["403"] = api_errors["403"]
+    # the Host and Origin checks answer before any route, in the dialect's envelope
+    anthropic_errors["403"] = {**api_errors["403"], "content": {"application/json": {"schema": ANTHROPIC_ERROR}}}
     return {
         "/v1/responses": {"post": {"operationId": "createResponse", "requestBody": body(RESPONSES_BODY),
                                    "responses": {**ok(RESPONSE, True), **api_errors}}},

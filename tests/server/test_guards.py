@@ -184,3 +184,6 @@ def test_a_refusal_under_api_is_in_ollamas_envelope(client: TestClient, state: S
     anthropic = client.post("/v1/messages", json=body, headers={"Origin": "http://evil.example"})
     assert (anthropic.status_code, anthropic.json()["type"], anthropic.json()["error"]["type"]) == (
         403, "error", "permission_error")
+    documented = client.get("/openapi.json").json()["paths"]["/v1/messages"]["post"]["responses"]["403"]
+    assert documented["content"]["application/json"]["schema"]["properties"]["type"] == {"type": "string",
+                                                                                       "enum": ["error"]}
