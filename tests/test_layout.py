@@ -23,7 +23,7 @@ ALLOWED = {
     "speculation": {"core", "config", "sampling", "scheduler", "runtime"},
     "catalog": {"core", "runtime"},
     "model": {"core", "config", "sampling", "prompt", "runtime", "scheduler", "speculation", "catalog"},
-    "python_api": {"core", "config", "sampling", "prompt", "scheduler", "model"},
+    "python_api": {"core", "config", "sampling", "prompt", "scheduler", "model", "catalog"},
     "server": {"core", "config", "sampling", "prompt", "runtime", "scheduler", "speculation", "catalog", "model",
                "root"},
     "router": {"core", "config", "runtime", "catalog", "server"},

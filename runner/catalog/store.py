@@ -36,9 +36,11 @@ class CachedModel:
 
 
 class ModelStore:
-    def __init__(self, catalog: Catalog | None = None, root: Path | None = None) -> None:
+    def __init__(self, catalog: Catalog | None = None, root: Path | None = None, quiet: bool = False) -> None:
+        """`quiet`: what resolve pulls shows no progress (`runner run -q`)."""
         self.catalog = catalog or Catalog.load()
         self._root = root
+        self.quiet = quiet
 
     @property
     def root(self) -> Path:
@@ -129,7 +131,7 @@ class ModelStore:
             paths += companions if not others else []
         return paths
 
-    def resolve(self, model: str, pull_missing: bool = True, quiet: bool = False) -> tuple[Path, ModelRef | None]:
+    def resolve(self, model: str, pull_missing: bool = True) -> tuple[Path, ModelRef | None]:
         """MODEL is a path to a .gguf, a Hub reference or a catalog name; a missing model is pulled
         (a cached Hub reference loads without a network call), with progress on stderr unless quiet."""
         if not model.strip():
@@ -140,7 +142,7 @@ class ModelStore:
             cached = hub.HubCache(self.root).cached(hub_ref)
             if cached is None and not pull_missing:
                 raise CatalogError(f"'{model}' is not in the cache; run `runner pull {model}`")
-            return cached or hub.resolve(hub_ref, self.root, quiet=quiet), ref
+            return cached or hub.resolve(hub_ref, self.root, quiet=self.quiet), ref
         candidate = Path(model).expanduser()
         looks_like_path = candidate.suffix == ".gguf" or os.sep in model or candidate.exists()
         if looks_like_path and not self.catalog.is_name(model):
@@ -159,7 +161,7 @@ class ModelStore:
                 raise CatalogError(f"'{ref.name}' is not in the cache; run `runner pull {ref.name}`")
             from runner.catalog.pull import pull
 
-            pull(ref, self, quiet=quiet)
+            pull(ref, self, quiet=self.quiet)
         return path, ref
 
 

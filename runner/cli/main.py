@@ -78,13 +78,10 @@ def _open_runner(args: argparse.Namespace) -> Any:
     from runner.python_api.runner import Runner
 
     options = vars(from_args(EngineOptions, args))
-    if args.quiet:  # what is not cached yet is pulled here, without progress bars, before the Runner looks
-        from runner.catalog.store import ModelStore
+    from runner.catalog.store import ModelStore
 
-        store = ModelStore()
-        for model in (args.model, *([args.draft] if getattr(args, "draft", "") not in ("", "ngram") else [])):
-            store.resolve(model, quiet=True)
-    return Runner(args.model, log=lambda line: None if args.quiet else print(line, file=sys.stderr), **options)
+    return Runner(args.model, log=lambda line: None if args.quiet else print(line, file=sys.stderr),
+                  store=ModelStore(quiet=args.quiet), **options)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

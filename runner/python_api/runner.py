@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions
 from runner.core.errors import InputError, RunnerError
 from runner.model.loaded_model import LoadedModel
@@ -96,10 +97,12 @@ class Runner:
     """One model, generating in the caller's thread. Several threads may call it at once: one engine
     step runs at a time, and each step advances every thread's requests (up to `parallel` at once)."""
 
-    def __init__(self, model: str | Path = "smollm2-135m-instruct", log: Any = None, **options: Any) -> None:
+    def __init__(self, model: str | Path = "smollm2-135m-instruct", log: Any = None, store: ModelStore | None = None,
+                 **options: Any) -> None:
+        """`store`: where models are cached and pulled from (default: the user's cache, with progress)."""
         engine_options = EngineOptions(**{"parallel": 1, **options})
         kwargs = {"log": log} if log is not None else {}
-        self._loaded: LoadedModel | None = LoadedModel(model, engine_options, **kwargs)
+        self._loaded: LoadedModel | None = LoadedModel(model, engine_options, store=store, **kwargs)
         self._lock = threading.Lock()  # the engine's: a step, a submit, a cancel or close at a time
         # a Runner dropped without close() frees its model when collected (its native memory stayed)
         self._free = weakref.finalize(self, self._loaded.close)
