@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from runner.prompt.chat_template import image_mark
 from runner.server.errors import invalid
+from runner.runtime.webp import is_webp
 
 MAX_IMAGES = 16  # per request
 MAX_SIDE = 8192  # pixels, either side
@@ -159,7 +160,7 @@ def declared_size(data: bytes) -> tuple[int, int] | None:
     if data[:2] == b"BM" and len(data) >= 26:
         width, height = struct.unpack("<ii", data[18:26])
         return width, abs(height)
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+    if is_webp(data):
         return _webp_size(data)
     if data[:2] == b"\xff\xd8":
         return _jpeg_size(data)
