@@ -84,6 +84,15 @@ def split_agent_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:at], argv[at + 1:]
 
 
+def late_model(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """`runner launch AGENT --port N MODEL`: argparse takes the optional MODEL only before the first
+    option and leaves it over after one; it is launch's MODEL all the same. What is left over."""
+    if getattr(args, "fn", None) is cmd_launch and args.model is None and extra[:1] and not extra[0].startswith("-"):
+        args.model = extra[0]
+        return extra[1:]
+    return extra
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     agent = AGENTS[args.agent]
     executable = shutil.which(agent.executable)
@@ -95,16 +104,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if served is not None:
         return _run_agent(agent, executable, base_url, _chosen(base_url, served, args), args)
     server, log = _start_server(args)
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)  # a kill of launch stops the server too
+    # a kill of launch, or its terminal closing, stops the server too (and a SIGKILL: its stdin ends)
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _run_agent(agent, executable, base_url, _wait_until_serving(base_url, server, log), args)
+        served = _wait_until_serving(base_url, server, log)
+        log.unlink(missing_ok=True)  # (it served: the log is kept only to explain a failed start)
+        return _run_agent(agent, executable, base_url, served, args)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop(server)
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL past the grace."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -121,7 +139,12 @@ def _run_agent(agent: Agent, executable: str, base_url: str, served: tuple[str, 
     print(f"runner: {agent.executable} → {base_url} ({model})", file=sys.stderr)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's (it reaches it too)
     try:
-        return subprocess.call([executable, *argv, *args.agent_args], env={**os.environ, **env})
+        process = subprocess.Popen([executable, *argv, *args.agent_args], env={**os.environ, **env})
+        try:
+            return process.wait()
+        except BaseException:  # launch killed: the agent gets a SIGTERM it can restore the terminal on
+            _stop(process, grace_s=5)
+            raise
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -191,8 +214,9 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Pa
     env = {**os.environ, API_KEY_ENV: args.api_key} if args.api_key else None  # the key the agent is given
     with os.fdopen(fd, "wb") as out:
         server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
-                                   "--ctx-size", str(args.ctx_size), "--parallel", "1"],
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                                   "--ctx-size", str(args.ctx_size), "--parallel", "1", "--with-parent"],
+                                  stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, env=env)
     return server, log
 
 

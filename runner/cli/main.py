@@ -350,14 +350,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runner.catalog.embedded import is_frozen
     from runner.cli.bundle import check_cpu, double_click
 
-    from runner.cli.launch import split_agent_args
+    from runner.cli.launch import late_model, split_agent_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if hasattr(sys.stdin, "reconfigure"):  # bytes on stdin that are not UTF-8 become U+FFFD, not a crash later
         sys.stdin.reconfigure(errors="replace")
     parser = build_parser()
     argv, agent_args = split_agent_args(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    extra = late_model(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if agent_args:
         args.agent_args = agent_args
     if not getattr(args, "fn", None) and not (is_frozen() and not argv):

@@ -61,6 +61,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                    help="also listen on this port (11434: Ollama's), for apps that cannot be told another")
     p.add_argument("--uds", default=None, metavar="PATH", help=argparse.SUPPRESS)  # a model process's socket
     p.add_argument("--model-process", action="store_true", help=argparse.SUPPRESS)  # started by a router
+    # started by `runner launch`: ends when launch does, however it ended (stdin's end, as a model process)
+    p.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
     add_flags(p, EngineOptions)
 
 
@@ -142,7 +144,7 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     server = CancellingServer(config, on_exit=engine_thread.cancel_all)
     print_ready(server, loaded.name, f" with {loaded.options.parallel} slots", on_ready)
-    if args.model_process:
+    if args.model_process or args.with_parent:
         _exit_with_parent()
     try:
         server.run(sockets=sockets)
@@ -181,8 +183,9 @@ def listening_sockets(args: argparse.Namespace) -> list[socket.socket] | None:
 
 
 def _exit_with_parent() -> None:
-    """A model process ends when its router does, however the router ended: the router holds the
-    other end of our stdin, and the pipe's end-of-file arrives when the router is gone."""
+    """A model process ends when its router does (a launched server when `runner launch` does),
+    however it ended: the parent holds the other end of our stdin, and the pipe's end-of-file
+    arrives when the parent is gone."""
     import signal
     import threading
 

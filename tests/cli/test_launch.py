@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,3 +132,69 @@ def test_the_model_asked_for_is_used_where_a_server_of_several_serves_it(tiny_gg
         assert json.loads(record.read_text())["argv"] == ["--model", "second"]  # (it was given the default, first)
     finally:
         server.stop()
+
+
+def test_a_model_after_an_option_is_the_model_to_serve(tiny_gguf: Path, tmp_path: Path) -> None:
+    """(argparse left `runner launch codex --port N MODEL`'s MODEL over: 'unrecognized arguments')"""
+    env, record = fake_agent(tmp_path, "codex")
+    port = free_port()
+    proc = runner("launch", "codex", "--port", str(port), "--ctx-size", "512", str(tiny_gguf),
+                  env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 7, proc.stderr
+    assert f"starting `runner serve {tiny_gguf} --ctx-size 512`" in proc.stderr
+    assert not list(Path(tempfile.gettempdir()).glob(f"runner-launch-{port}-*.log"))  # (it served: no log left)
+
+
+# waits as an agent does, telling when it started and when a SIGTERM came
+WAITING_AGENT = """#!{python}
+import signal, sys, time
+def terminated(signum, frame):
+    open({record!r}, "a").write("terminated\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, terminated)
+open({record!r}, "a").write("started\\n")
+time.sleep(600)
+"""
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+def _within(deadline_s: float, done: Callable[[], bool]) -> bool:
+    """Polls done() until it holds or the deadline passes (a bound on a hang, not a speed check)."""
+    end = time.monotonic() + deadline_s
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.parametrize("how", [signal.SIGHUP, signal.SIGKILL])
+def test_a_launch_killed_or_hung_up_stops_its_server(tiny_gguf: Path, tmp_path: Path, how: signal.Signals) -> None:
+    """A closed terminal (SIGHUP) or a SIGKILL of launch left the server it started running for good."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "agent.log"
+    bin_dir.mkdir()
+    (bin_dir / "claude").write_text(WAITING_AGENT.format(python=sys.executable, record=str(record)))
+    (bin_dir / "claude").chmod(0o755)
+    port = free_port()
+    launch = subprocess.Popen([sys.executable, "-m", "runner", "launch", "claude", str(tiny_gguf), "--port", str(port),
+                               "--ctx-size", "512"], stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                                   "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        assert _within(300, lambda: record.exists() and "started" in record.read_text()), "the agent never started"
+        assert _answers(port)
+        launch.send_signal(how)
+        launch.wait(timeout=60)
+        assert _within(60, lambda: not _answers(port)), "the server outlived launch"
+        if how == signal.SIGHUP:  # (launch's own stop: the agent is asked to end, not killed)
+            assert _within(30, lambda: "terminated" in record.read_text())
+    finally:
+        launch.kill()
+        subprocess.run(["pkill", "-f", str(bin_dir / "claude")], check=False)  # (a SIGKILLed launch's agent lives on)
