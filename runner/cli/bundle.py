@@ -11,6 +11,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import webbrowser
 from collections.abc import Callable
@@ -145,9 +146,12 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     # zlib level 6, not PyInstaller's 9, for the libraries it compresses: 7 s instead of 25 here, 0.4 MB larger
     env = {"PYINSTALLER_ZLIB_COMPRESSION_LEVEL": "6", **os.environ,
            "RUNNER_BUNDLE_MODEL": str(model), "RUNNER_BUNDLE_NAME": out.name}
-    cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--distpath", str(out.parent),
-           "--workpath", str(out.parent / f".build-{out.name}"), str(spec)]
-    if subprocess.run(cmd, env=env, cwd=repo).returncode != 0:
-        raise RunnerError("PyInstaller failed (its output is above)")
+    # PyInstaller's work folder holds a copy of everything, the model too: beside the output (the same
+    # disk), and removed after
+    with tempfile.TemporaryDirectory(prefix=f".build-{out.name}-", dir=out.parent) as work:
+        cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--distpath", str(out.parent),
+               "--workpath", work, str(spec)]
+        if subprocess.run(cmd, env=env, cwd=repo).returncode != 0:
+            raise RunnerError("PyInstaller failed (its output is above)")
     print(f"built {out} ({out.stat().st_size / 1e6:.0f} MB) carrying {model.name}")
     return 0

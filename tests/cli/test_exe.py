@@ -26,6 +26,7 @@ def exe(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run([sys.executable, "-m", "runner", "bundle", str(smollm2_path), "-o", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert [p.name for p in out.parent.iterdir()] == ["runner"]  # (PyInstaller's work folder, a model's copy, is gone)
     return out
 
 
