@@ -206,8 +206,14 @@ def cmd_list(args: argparse.Namespace) -> int:
             takes = "+".join(ref.entry.inputs)
             print(f"{name:34} {ref.entry.license:28} {'cached' if is_cached else '':7} {takes:11} {source}")
         return 0
+    from runner.catalog.embedded import embedded_model
+
+    carried = embedded_model()
+    if carried is not None:
+        print(f"{carried.name} ({carried.stat().st_size / 1e6:.1f} MB): carried by this executable")
     if not cached:
-        print(f"no models cached in {store.root} (`runner pull NAME`, `runner list --all` for the catalog)")
+        print(f"no {'other ' if carried else ''}models cached in {store.root} (`runner pull NAME`, `runner list "
+              "--all` for the catalog)")
         return 0
     width = max(34, *(len(c.name) for c in cached))
     for c in cached:

@@ -51,6 +51,9 @@ def test_version_and_run_on_the_embedded_model(exe: Path, home: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip()) > 0
     assert not list(home.glob("_MEI*"))
+    listed = run_exe(exe, home, "list").stdout.splitlines()  # (it said "no models cached", carrying one)
+    assert listed[0].startswith("SmolLM2-135M-Instruct.Q4_1.gguf (") and listed[0].endswith("MB): carried by this executable")
+    assert listed[1].startswith("no other models cached in ")
 
 
 def test_the_executable_pulls_and_runs_a_hub_model(exe: Path, home: Path, tmp_path: Path) -> None:
