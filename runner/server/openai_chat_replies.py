@@ -246,6 +246,7 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         with its id, type and name, the next with its arguments) or as text."""
         self.add(event)
         if not event.is_final:
+            self._hold_drafted(event)
             return None
         reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
         content, calls = reply.content, reply.calls
@@ -263,8 +264,11 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
             deltas.append({"content": content})
         chunks = [self.envelope([{"index": self.index, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
                   for d in deltas]
-        chunks.append(self.envelope([{"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}],
-                                    chunk=True))
+        last = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
+        drafted = self._drafted(event)
+        if drafted:  # (every token's, on the one chunk that ends the held reply)
+            last["drafted"] = drafted
+        chunks.append(self.envelope([last], chunk=True))
         return "".join(sse(c) for c in chunks)
 
     def whole_choice(self) -> dict[str, Any]:

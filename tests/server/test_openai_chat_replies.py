@@ -76,3 +76,17 @@ def test_every_tokens_drafted_flag_is_sent_though_its_event_had_no_text(kind: ty
             for e in events]
     chunks = [json.loads(s[6:]) for s in sent if s is not None]
     assert [c["choices"][0].get("drafted") for c in chunks] == [[True, False], [True, False]]
+
+
+def test_a_reply_held_for_tool_calls_sends_every_drafted_flag_at_its_end() -> None:
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    builder = ChatReplyBuilder("r1", "smol", lambda t: b"?", False, None, reading)
+    events = [StreamEvent("r1", '<tool_call>{"name": "add", ', (1, 2), (False, True)),
+              StreamEvent("r1", '"arguments": {"a": 1}}</tool_call>', (3,), (True,), finish_reason=FinishReason.STOP,
+                          usage=Usage(3, 3, 0, 2, 2))]
+    sent = [builder.chunk_sse(e) for e in events]
+    assert sent[0] is None
+    chunks = [json.loads(line[6:]) for line in sent[1].split("\n\n") if line]
+    assert [c["choices"][0].get("drafted") for c in chunks] == [None, None, [False, True, True]]
