@@ -8,7 +8,9 @@ const DEFAULTS = { system: "", temperature: 0.8, top_p: 0.95, max_tokens: 512, s
 
 const $ = (id) => document.getElementById(id);
 const state = { conversations: [], currentId: null, controller: null, streamingId: null, pending: [], notice: "",
-                inputs: {} };
+                storageNotice: "", inputs: {} };
+// an unsent message is stored cut to this many characters once all does not fit (refused ones can be megabytes)
+const UNSENT_KEPT_CHARS = 200;
 
 // -- storage -----------------------------------------------------------------------------------
 function stored() {
@@ -39,13 +41,58 @@ function merge(theirs) {
   if (!current()) newConversation();
 }
 function save() {
-  try {
-    localStorage.setItem(STORE_KEY, JSON.stringify(state.conversations));
-  } catch {  // over the browser's quota (images are large): keep the text, drop the stored images
-    const lean = state.conversations.map((c) => ({ ...c, messages: c.messages.map(({ images, ...m }) => m) }));
-    try { localStorage.setItem(STORE_KEY, JSON.stringify(lean)); } catch { /* nothing more to drop */ }
+  const lost = storeConversations();
+  setStorageNotice(lost && `The browser's storage is full: a reload will lose ${lost} (Export keeps everything)`);
+  try { localStorage.setItem(CURRENT_KEY, state.currentId || ""); } catch { /* full: a reload opens the first one */ }
+}
+// stores the leanest-needed form of the conversations; says what the stored copy lacks ("" when nothing)
+function storeConversations() {
+  for (const [lost, convos] of storable(state.conversations)) {
+    try {
+      localStorage.setItem(STORE_KEY, JSON.stringify(convos));
+      return lost;
+    } catch { /* over the browser's quota: try a leaner form */ }
   }
-  localStorage.setItem(CURRENT_KEY, state.currentId || "");
+  return "the changes since the last save";
+}
+// The conversations as they are, then ever leaner, least missed first: unsent messages (refused ones are
+// often huge, and are never sent again), then images, then the oldest conversations (never the open one).
+// Only the stored copy loses them: the page keeps showing them until a reload.
+function* storable(convos) {
+  const lost = [];
+  yield ["", convos];
+  if (convos.some((c) => c.messages.some(isBulkyUnsent))) {
+    convos = convos.map((c) => ({ ...c, messages: c.messages.map(cutUnsent) }));
+    lost.push("the full text of unsent messages");
+    yield [listed(lost), convos];
+  }
+  if (convos.some((c) => c.messages.some((m) => m.images?.length))) {
+    convos = convos.map((c) => ({ ...c, messages: c.messages.map(({ images, ...m }) => m) }));
+    lost.push("images");
+    yield [listed(lost), convos];
+  }
+  const kept = [...convos];
+  for (let i = kept.length - 1; i >= 0; i--) {  // newest first: the oldest are at the end
+    if (kept[i].id === state.currentId) continue;
+    kept.splice(i, 1);
+    const n = convos.length - kept.length;
+    yield [listed([...lost, n === 1 ? "the oldest conversation" : `the ${n} oldest conversations`]), [...kept]];
+  }
+}
+function isBulkyUnsent(msg) {
+  return Boolean(msg.unsent && (msg.images?.length || msg.content.length > UNSENT_KEPT_CHARS));
+}
+function cutUnsent(msg) {
+  if (!isBulkyUnsent(msg)) return msg;
+  const { images, ...text } = msg;
+  if (text.content.length <= UNSENT_KEPT_CHARS) return text;
+  return { ...text, content: text.content.slice(0, UNSENT_KEPT_CHARS) + "…" };
+}
+function listed(parts) { return parts.length > 1 ? parts.slice(0, -1).join(", ") + " and " + parts.at(-1) : parts[0]; }
+function setStorageNotice(text) {
+  if (text === state.storageNotice) return;
+  state.storageNotice = text;
+  renderAttachments();
 }
 function current() { return state.conversations.find((c) => c.id === state.currentId); }
 function newConversation() {
@@ -160,13 +207,14 @@ function renderAttachments() {
   if (state.pending.length) {
     box.appendChild(thumbnails(state.pending, "pending", (i) => { state.pending.splice(i, 1); renderAttachments(); }));
   }
-  if (state.notice) {
+  const notices = [state.notice, state.storageNotice].filter(Boolean);
+  for (const text of notices) {
     const notice = document.createElement("span");
     notice.className = "notice";
-    notice.textContent = state.notice;
+    notice.textContent = text;
     box.appendChild(notice);
   }
-  box.hidden = !state.pending.length && !state.notice;
+  box.hidden = !state.pending.length && !notices.length;
 }
 
 function renderAll() { renderList(); renderSettings(); renderMessages(); renderAttachments(); }
@@ -305,11 +353,12 @@ async function send(text) {
     else failed = err instanceof TypeError ? "The server is unreachable (is `runner serve` running?)" : err.message;
   }
   const end = performance.now();
+  // a question that got no text back (refused, failed, stopped before the first token or while its model
+  // loaded) is shown but not sent again: with its empty reply skipped, two user turns in a row would
+  // follow, and templates that need alternating roles (Gemma's) refuse every later message
+  if (!reply.content) question.unsent = true;
   if (failed) {
-    if (!reply.content) {  // refused (too long, a bad image...): shown, but not sent again with the next message
-      convo.messages.pop();
-      question.unsent = true;
-    }
+    if (!reply.content) convo.messages.pop();  // the error takes the empty reply's place
     convo.messages.push({ role: "assistant", content: "Error: " + failed, error: true });
   } else {
     const n = usage ? usage.completion_tokens : nTokens;

@@ -5,38 +5,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from browser import launched_chromium
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 MODEL = "smollm2-135m-instruct"
 LONG = "Count from 1 to 300, separated by commas."
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
-    return serve_smollm2("--parallel", "4", "--ctx-size", "2048")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launched_chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser, server: ServerProcess):
-    context = browser.new_context(viewport={"width": 1200, "height": 800})
-    pg = context.new_page()
-    pg.goto(server.url + "/")
-    yield pg
-    context.close()
 
 
 def set_settings(page, **values: object) -> None:
@@ -240,6 +218,38 @@ def test_the_model_picker_shows_states_and_switches_the_next_reply(browser, rout
         context.close()
 
 
+def test_a_reply_stopped_while_its_model_loads_leaves_its_question_unsent(browser, router: ServerProcess) -> None:
+    """Stopped while its model loads, before any text: the question was sent again with the next one (two
+    user turns in a row)."""
+    router.post("/models/unload", json={"model": "gemma-3-270m"})
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(router.url + "/")
+        wait_until(page, "document.querySelectorAll('#model option').length === 2")
+        page.select_option("#model", "gemma-3-270m")
+        set_settings(page, temperature=0, max_tokens=4)
+        send(page, "Say hi.")
+        deadline = time.monotonic() + 60
+        while model_states(router)["gemma-3-270m"] != "loading":
+            assert time.monotonic() < deadline, "gemma never started loading"
+            time.sleep(0.02)
+        page.click("#stop")
+        page.wait_for_selector(".message.assistant .stats")
+        assert page.locator(".message.user.unsent").all_inner_texts() == ["Say hi."]
+        with page.expect_request("**/v1/chat/completions") as req:
+            send(page, "And again.")
+        assert [m["role"] for m in json.loads(req.value.post_data)["messages"]] == ["user"]
+        page.locator(".message.assistant .stats").nth(1).wait_for(timeout=120000)
+        assert page.locator(".message.error").count() == 0
+    finally:
+        context.close()
+
+
+def model_states(router: ServerProcess) -> dict[str, str]:
+    return {m["id"]: m["status"]["value"] for m in router.get("/models").json()["data"]}
+
+
 @pytest.fixture(scope="module")
 def vision_server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path):
     from tiny_gguf import write_tiny_gguf
@@ -328,6 +338,107 @@ def test_a_reply_the_page_was_closed_during_is_said_so_and_its_question_not_sent
         send(page, "Hi")
     assert json.loads(req.value.post_data)["messages"] == [{"role": "user", "content": "Hi"}]
     page.wait_for_selector(".message.assistant .stats")
+
+
+def hold_requests(page) -> list:
+    """Chat requests the page sends wait here, unanswered (as behind a slow network or a model's load)."""
+    held: list = []
+    page.route("**/v1/chat/completions", lambda route: held.append(route))
+    return held
+
+
+# Gemma 3's check that roles alternate (the gemma GGUF the tests pull carries a template without it)
+ALTERNATING_TEMPLATE = (
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "<start_of_turn>{{ message['role'] }}\n{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def alternating_server(tmp_path_factory: pytest.TempPathFactory, model_cache: Path):
+    from tiny_gguf import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path_factory.mktemp("alternating") / "alternating.gguf",
+                            chat_template=ALTERNATING_TEMPLATE)
+    server = ServerProcess(str(model), model_cache, "--ctx-size", "512")
+    yield server
+    server.stop()
+
+
+def test_a_reply_stopped_before_its_first_token_leaves_its_question_unsent(browser, alternating_server) -> None:
+    """The empty stopped reply was skipped but its question sent on: two user turns in a row, which a
+    template that needs alternating roles refused with a 400, for every later message."""
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(alternating_server.url + "/")
+        set_settings(page, temperature=0, max_tokens=4)
+        send(page, "Say hi.")
+        page.wait_for_selector(".message.assistant .stats")
+        held = hold_requests(page)
+        send(page, "And again.")
+        while not held:
+            page.wait_for_timeout(20)
+        page.click("#stop")
+        page.locator(".message.assistant .stats").nth(1).wait_for()
+        assert page.locator(".message.assistant .stats").nth(1).inner_text() == (
+            "0 tokens · n/a tok/s · first token n/a · stopped")
+        assert page.locator(".message.user.unsent").all_inner_texts() == ["And again."]
+        page.unroute("**/v1/chat/completions")
+        with page.expect_request("**/v1/chat/completions") as req:
+            send(page, "Third.")
+        assert [m["role"] for m in json.loads(req.value.post_data)["messages"]] == ["user", "assistant", "user"]
+        page.locator(".message.assistant .stats").nth(2).wait_for()  # (not a 400: "roles must alternate")
+        assert page.locator(".message.error").count() == 0
+    finally:
+        context.close()
+
+
+def send_refused_megabytes(page, n_chars: int) -> None:
+    """A message of n_chars, far longer than a slot: the server refuses it (set in the page: filling the
+    textarea that long through playwright is slow)."""
+    n_before = page.locator(".message.assistant.error").count()
+    page.evaluate(f"document.getElementById('input').value = 'lorem ipsum '.repeat({n_chars // 12})")
+    page.press("#input", "Enter")
+    page.locator(".message.assistant.error").nth(n_before).wait_for()
+
+
+def test_a_full_storage_is_said_and_new_conversations_are_still_kept(page) -> None:
+    """Past the quota save() dropped images, then stored nothing more, silently: a refused 3 MB message
+    stayed stored, and every conversation after it was gone on reload."""
+    set_settings(page, temperature=0, max_tokens=4)
+    send_refused_megabytes(page, 3_000_000)
+    assert page.locator("#attachments").is_hidden()  # (3 MB fits Chromium's 5 M characters)
+    send_refused_megabytes(page, 3_000_000)
+    assert page.wait_for_selector("#attachments .notice").inner_text() == (
+        "The browser's storage is full: a reload will lose the full text of unsent messages (Export keeps everything)")
+    page.click("#new-chat")
+    send(page, "Say hi.")
+    page.wait_for_selector(".message.assistant .stats")
+    page.reload()
+    assert page.locator("#conversations .name").all_inner_texts() == ["Say hi.", "lorem ipsum " * 3 + "lore"]
+    assert page.locator(".message").first.inner_text() == "Say hi."
+    stored = page.evaluate("JSON.parse(localStorage.getItem('runner.conversations'))[1].messages")
+    assert [(m["role"], m.get("unsent"), len(m["content"])) for m in stored if m["role"] == "user"] == [
+        ("user", True, 201)] * 2  # the unsent messages cut to their first 200 characters and "…"
+
+
+def test_a_full_storage_drops_unsent_text_then_images_then_the_oldest_conversations(page) -> None:
+    """The forms save() tries in turn when all does not fit, and what its notice says each loses."""
+    tried = page.evaluate("""() => {
+        state.currentId = 'open';
+        const convos = [{ id: 'new', messages: [{ role: 'user', content: 'look', images: ['data:,'] }] },
+                         { id: 'open', messages: [{ role: 'user', content: 'x'.repeat(300), unsent: true }] },
+                         { id: 'old', messages: [] }, { id: 'oldest', messages: [] }];
+        return [...storable(convos)].map(([lost, kept]) => [lost, kept.map((c) => c.id),
+                                                            kept[0].messages[0]?.images?.length || 0]);
+    }""")
+    unsent, everyone = "the full text of unsent messages", ["new", "open", "old", "oldest"]
+    assert tried == [["", everyone, 1], [unsent, everyone, 1], [f"{unsent} and images", everyone, 0],
+                     [f"{unsent}, images and the oldest conversation", ["new", "open", "old"], 0],
+                     [f"{unsent}, images and the 2 oldest conversations", ["new", "open"], 0],
+                     [f"{unsent}, images and the 3 oldest conversations", ["open"], 0]]
 
 
 def test_two_tabs_keep_each_others_conversations(browser, server: ServerProcess) -> None:
