@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from collections.abc import Callable
 from typing import Iterator
 
 import httpx
@@ -108,3 +109,13 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
         self._drain.join(timeout=10)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Poll condition() until it holds or timeout_s passes (a bound on a hang, not a speed check)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

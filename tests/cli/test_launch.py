@@ -11,14 +11,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from server_process import ServerProcess
+from server_process import ServerProcess, wait_for
 from test_cli import assert_one_line_error, runner
 
 # records argv and environment, then calls the server it was pointed at and exits 7
@@ -165,16 +163,6 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _within(deadline_s: float, done: Callable[[], bool]) -> bool:
-    """Polls done() until it holds or the deadline passes (a bound on a hang, not a speed check)."""
-    end = time.monotonic() + deadline_s
-    while not done():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 @pytest.mark.parametrize("how", [signal.SIGHUP, signal.SIGKILL])
 def test_a_launch_killed_or_hung_up_stops_its_server(tiny_gguf: Path, tmp_path: Path, how: signal.Signals) -> None:
     """A closed terminal (SIGHUP) or a SIGKILL of launch left the server it started running for good."""
@@ -188,13 +176,13 @@ def test_a_launch_killed_or_hung_up_stops_its_server(tiny_gguf: Path, tmp_path: 
                               env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                                    "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     try:
-        assert _within(300, lambda: record.exists() and "started" in record.read_text()), "the agent never started"
+        assert wait_for(lambda: record.exists() and "started" in record.read_text(), 300), "the agent never started"
         assert _answers(port)
         launch.send_signal(how)
         launch.wait(timeout=60)
-        assert _within(60, lambda: not _answers(port)), "the server outlived launch"
+        assert wait_for(lambda: not _answers(port)), "the server outlived launch"
         if how == signal.SIGHUP:  # (launch's own stop: the agent is asked to end, not killed)
-            assert _within(30, lambda: "terminated" in record.read_text())
+            assert wait_for(lambda: "terminated" in record.read_text())
     finally:
         launch.kill()
         subprocess.run(["pkill", "-f", str(bin_dir / "claude")], check=False)  # (a SIGKILLed launch's agent lives on)

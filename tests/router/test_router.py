@@ -8,13 +8,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from server_process import ServerProcess
+from server_process import ServerProcess, wait_for
 
 from runner.catalog.store import ModelStore
 from runner.config.options import EngineOptions
@@ -87,14 +86,6 @@ def unload(server: ServerProcess, model: str) -> None:
     assert response.status_code == 200, response.text
     assert listed(server)[model]["status"] == {"value": "unloaded"}
 
-
-def wait_for(condition, timeout_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_requests_naming_two_models_interleaved_get_each_models_own_greedy_reply(

@@ -7,13 +7,12 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from server_process import ServerProcess
+from server_process import ServerProcess, wait_for
 
 NEVER = "9999-12-31"  # how /api/ps writes a model kept loaded for as long as the server runs
 
@@ -42,14 +41,6 @@ def listed(server: ServerProcess) -> dict[str, dict]:
 def state_of(server: ServerProcess, model: str) -> str:
     return listed(server)[model]["status"]["value"]
 
-
-def wait_for(condition, timeout_s: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def generate(server: ServerProcess, model: str, **extra: object) -> httpx.Response:
