@@ -61,11 +61,16 @@ class ModelFacts:
         ids = self._model.tokenize(text, add_special=False, parse_special=True)
         return ids[0] if len(ids) == 1 and self._model.token_bytes(ids[0]) == text.encode() else None
 
-    def check_text_fits(self, n_chars: int) -> None:
-        """Refuse, before tokenizing, text that cannot fit a slot: every token stands for at most
+    @property
+    def max_text_chars(self) -> int:
+        """The most characters check_text_fits lets through: every token stands for at most
         max_token_bytes bytes, and a character is at least one."""
+        return self.ctx_size * self._model.max_token_bytes - 1
+
+    def check_text_fits(self, n_chars: int) -> None:
+        """Refuse, before tokenizing, text that cannot fit a slot (max_text_chars)."""
         n_min_tokens = n_chars // self._model.max_token_bytes
-        if n_min_tokens >= self.ctx_size:
+        if n_chars > self.max_text_chars:
             raise PromptTooLongError(f"the prompt has {n_chars} characters, at least {n_min_tokens} tokens, but a "
                                      f"slot's context holds {self.ctx_size}; raise --ctx-size or shorten it")
 

@@ -3,7 +3,6 @@ and the model as Ollama describes it. Every error in Ollama's envelope."""
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -14,7 +13,6 @@ from starlette.responses import JSONResponse, Response
 
 from runner.catalog.store import ModelStore, shares_a_file
 from runner.model.model_facts import ModelFacts
-from runner.scheduler.scheduler import PromptTooLongError
 from runner.server import ollama_api, ollama_models, ollama_pulls
 from runner.server.chat_pipeline import chat_request, completion_request, embed, embedding_ids, reasoning_splitter
 from runner.server.edge import api_body, check_auth
@@ -122,18 +120,9 @@ async def _truncated_ids(state: ServerState, texts: list[str]) -> list[list[int]
 
 
 def _tokenizable_start(facts: ModelFacts, text: str) -> str:
-    """The longest start of text that ModelFacts.check_text_fits lets the server tokenize: it still
-    makes at least a slot's tokens, and an embedding input keeps no more than that."""
-    def is_refused(n_chars: int) -> bool:
-        try:
-            facts.check_text_fits(n_chars)
-        except PromptTooLongError:
-            return True
-        return False
-
-    if not is_refused(len(text)):
-        return text
-    return text[:bisect.bisect_left(range(len(text)), True, key=is_refused) - 1]
+    """The longest start of text the server tokenizes (ModelFacts.max_text_chars): it still makes
+    at least a slot's tokens, and an embedding input keeps no more than that."""
+    return text[:facts.max_text_chars]
 
 
 def request_model(body: dict[str, Any], older_name: str | None = None) -> str | None:
