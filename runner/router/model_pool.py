@@ -172,7 +172,7 @@ class ModelPool:
         a request's does: 0 unloads an idle model now, and a loading or busy one once its load and
         requests have ended (release, expire)."""
         slot = self._slots[name]
-        if slot.state is not ModelState.LOADED and slot.loading is None:
+        if slot.state not in (ModelState.LOADED, ModelState.LOADING):
             return  # (not loaded nor loading: nothing to unload, and a later load keeps its own)
         slot.keep_for(keep_alive_s)
         if slot.keep_alive_s == 0 and slot.state is ModelState.LOADED and slot.n_in_flight == 0:
