@@ -1,5 +1,5 @@
 import sys
 
-from runner.cli.main import main
+from runner.cli.entry import main
 
 sys.exit(main())

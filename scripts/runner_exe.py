@@ -2,6 +2,6 @@
 
 import sys
 
-from runner.cli.main import main
+from runner.cli.entry import main
 
 sys.exit(main())

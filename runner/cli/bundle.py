@@ -8,13 +8,14 @@ removes the dir once it exits; so shutdown only has to end this process cleanly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from runner.catalog.embedded import embedded_model, is_frozen
@@ -82,21 +83,39 @@ def _browser_env() -> dict[str, str]:
 
 
 def open_browser(url: str) -> None:
+    """Open the chat page in the user's browser, saying so, or, where none is found, say where it is."""
+    with _user_environment():
+        try:
+            browser = webbrowser.get()
+        except webbrowser.Error:  # (no display, no browser installed)
+            browser = None
+    if browser is None:
+        print(f"runner: the chat is at {url}: open it in a browser; press Ctrl-C here to stop", file=sys.stderr,
+              flush=True)
+        return
     print(f"runner: opening {url} in your browser; press Ctrl-C here to stop", file=sys.stderr, flush=True)
 
     def launch() -> None:
-        saved = dict(os.environ)
-        try:
-            os.environ.clear()
-            os.environ.update(_browser_env())  # webbrowser starts the browser with os.environ
-            webbrowser.open(url)
-        except Exception:  # noqa: BLE001 - no browser is not an error: the URL is printed
-            pass
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        with _user_environment():
+            try:
+                browser.open(url)
+            except Exception:  # noqa: BLE001 - a browser that fails to start is not an error: the URL is printed
+                pass
 
     threading.Thread(target=launch, daemon=True).start()
+
+
+@contextlib.contextmanager
+def _user_environment() -> Iterator[None]:
+    """os.environ as the user had it, for the while (webbrowser reads it, and starts the browser with it)."""
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(_browser_env())
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def double_click(parse_args: Callable[[list[str]], argparse.Namespace]) -> int:

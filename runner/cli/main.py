@@ -275,12 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="runner", description="A portable local LLM runner on llama.cpp.")
     parser.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {}
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.set_defaults(fn=fn)
-        commands[name] = fn
         return p
 
     p = add("run", cmd_run, "generate one reply to a prompt and print it")
@@ -344,8 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("rpc-worker", cmd_rpc_worker, "lend this machine's CPU or GPU to a runner elsewhere that holds a model "
                                           "too big for one machine (its --rpc HOST:PORT)")
     add_rpc_worker_flags(p)
+    from runner.catalog.embedded import is_frozen
     from runner.cli.bundle import cmd_bundle
 
+    if is_frozen():  # (bundling needs PyInstaller and a Python: the executable has neither)
+        return parser
     p = add("bundle", cmd_bundle, "build a one-file executable that carries a model (needs PyInstaller)")
     p.add_argument("model", help="the model to embed: a .gguf, a catalog name or hf.co/ORG/REPO[:QUANT]")
     p.add_argument("-o", "--output", required=True, help="path of the executable to write")
@@ -353,12 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # (also while the parser imports the commands' modules)
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _run(argv: list[str]) -> int:
     from runner.catalog.embedded import is_frozen
     from runner.cli.bundle import check_cpu, double_click
 
     from runner.cli.launch import late_model, split_agent_args
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     if hasattr(sys.stdin, "reconfigure"):  # bytes on stdin that are not UTF-8 become U+FFFD, not a crash later
         sys.stdin.reconfigure(errors="replace")
     parser = build_parser()
@@ -384,12 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return UNAVAILABLE_EXIT
         return 1
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

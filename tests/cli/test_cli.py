@@ -288,3 +288,59 @@ def test_a_glm4moe_without_mrope_sections_refuses_a_projector_at_load(tmp_path: 
     assert_one_line_error(runner("run", str(model), "--mmproj", str(projector), "-p", "hi", "-q"),
                           r"^runner: error: glm.gguf \(glm4moe\) was converted without M-RoPE sections: llama.cpp "
                           "aborts decoding an image or clip into it, so it takes no projector")
+
+
+INTERRUPT_AT_IMPORT = """
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "runner.cli.main":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["runner", "--version"]
+import runpy
+runpy.run_module("runner", run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_the_cli_still_imports_exits_130_without_a_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "\n"
+
+
+def test_the_executable_offers_no_bundle_command(monkeypatch) -> None:
+    from runner.cli import main as cli
+
+    assert "bundle" in cli.build_parser().format_help()
+    monkeypatch.setattr("runner.catalog.embedded.is_frozen", lambda: True)
+    assert "bundle" not in cli.build_parser().format_help()
+
+
+def test_double_click_says_where_the_chat_is_when_no_browser_opens(monkeypatch, capsys) -> None:
+    import webbrowser
+
+    from runner.cli.bundle import open_browser
+
+    opened: list[str] = []
+
+    class Browser:
+        def open(self, url: str) -> bool:
+            opened.append(url)
+            return True
+
+    def no_browser() -> None:
+        raise webbrowser.Error("could not locate runnable browser")
+
+    monkeypatch.setattr(webbrowser, "get", no_browser)
+    open_browser("http://127.0.0.1:1234/")
+    assert capsys.readouterr().err == "runner: the chat is at http://127.0.0.1:1234/: open it in a browser; press Ctrl-C here to stop\n"
+    monkeypatch.setattr(webbrowser, "get", Browser)
+    open_browser("http://127.0.0.1:1234/")
+    assert capsys.readouterr().err.startswith("runner: opening http://127.0.0.1:1234/ in your browser")
+    for _ in range(100):  # (the browser starts from a thread)
+        if opened:
+            break
+        import time
+        time.sleep(0.05)
+    assert opened == ["http://127.0.0.1:1234/"]

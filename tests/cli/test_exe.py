@@ -47,6 +47,7 @@ def run_exe(exe: Path, home: Path, *args: str, **env: str) -> subprocess.Complet
 
 def test_version_and_run_on_the_embedded_model(exe: Path, home: Path) -> None:
     assert run_exe(exe, home, "--version").stdout.strip() == "runner 0.1.0"
+    assert "bundle" not in run_exe(exe, home, "--help").stdout  # (it needs PyInstaller and a Python)
     proc = run_exe(exe, home, "run", "-p", "Hello", "--max-tokens", "8", "--temperature", "0", "-q")
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.strip()) > 0
