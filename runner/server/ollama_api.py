@@ -34,7 +34,7 @@ _SEED = request_fields.Field("seed", "integer", "", -(2**63), 2**64 - 1)
 TRUNCATE = request_fields.Field("truncate", "boolean", "cut each input to what the model embeds at once "
                                 "(default true; false: an input too long is a 400)")
 DIMENSIONS = request_fields.Field("dimensions", "integer", "the vector's first N values, made unit length again "
-                                  "(at most the model's own size)", 1)
+                                  "(0 or less, or the model's own size or more: the whole vector, as Ollama)")
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -271,11 +271,10 @@ def _format(value: Any) -> GrammarSpec | None:
 
 # -- /api/embed -------------------------------------------------------------------------------
 def embed_dimensions(body: dict[str, Any], n_embd: int) -> int | None:
-    """The vector size asked for (None: the model's own); more than the model's is a 400."""
+    """The vector size asked for (None: the model's own). Ollama shortens only to a size between 1 and
+    the model's own and ignores any other; so does this."""
     n_dimensions = DIMENSIONS.read(body)
-    if n_dimensions is not None and n_dimensions > n_embd:
-        raise invalid(f"'dimensions' must be at most this model's {n_embd}, got {n_dimensions}", "dimensions")
-    return n_dimensions
+    return n_dimensions if n_dimensions is not None and 0 < n_dimensions < n_embd else None
 
 
 def truncated_ids(ids: list[int], n_max: int, special_ids: list[int]) -> list[int]:

@@ -83,6 +83,9 @@ async def embed_route(state: ServerState, request: Request) -> Response:
     check_model(request_model(body), state.model_ids)
     if request.url.path == "/api/embeddings":
         return await _older_embedding(state, body)
+    if body.get("input") in (None, "", []):  # (what Ollama's clients send to have a model loaded)
+        return JSONResponse({"model": body.get("model"), "embeddings": [], "total_duration": time.monotonic_ns() - started_ns,
+                             "load_duration": 0, "prompt_eval_count": 0})
     texts = _texts(body, "input")
     n_dimensions = ollama_api.embed_dimensions(body, state.facts.n_embd)
     truncates = ollama_api.TRUNCATE.read(body, True)

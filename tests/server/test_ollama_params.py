@@ -186,14 +186,11 @@ def test_dimensions_keep_the_first_values_at_unit_length() -> None:
     assert shortened(vector, 4) is vector and shortened(vector, None) is vector
 
 
-@pytest.mark.parametrize(("dimensions", "message"), [
-    (577, "'dimensions' must be at most this model's 576, got 577"),
-    (0, "'dimensions' must be at least 1, got 0"),
-    (-3, "'dimensions' must be at least 1, got -3"),
-    (64.5, "'dimensions' must be an integer, got 64.5"),
-])
-def test_dimensions_beyond_the_models_own_are_a_400(dimensions: object, message: str) -> None:
-    assert embed_dimensions({"dimensions": 64}, 576) == 64 and embed_dimensions({}, 576) is None
+def test_dimensions_outside_1_to_the_models_size_give_the_whole_vector_as_ollama() -> None:
+    assert embed_dimensions({"dimensions": 64}, 576) == 64 and embed_dimensions({"dimensions": 575}, 576) == 575
+    for ignored in ({}, {"dimensions": None}, {"dimensions": 0}, {"dimensions": -3}, {"dimensions": 576},
+                    {"dimensions": 100_000}):
+        assert embed_dimensions(ignored, 576) is None, ignored
     with pytest.raises(ApiError) as caught:
-        embed_dimensions({"dimensions": dimensions}, 576)
-    assert (caught.value.status, caught.value.message) == (400, message)
+        embed_dimensions({"dimensions": 64.5}, 576)
+    assert (caught.value.status, caught.value.message) == (400, "'dimensions' must be an integer, got 64.5")
