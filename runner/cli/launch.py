@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.cli.ps import API_KEY_ENV
-from runner.config.options import PORT
+from runner.config.options import PORT, EngineOptions, add_flags, from_args, to_flags
 from runner.core.errors import RunnerError
 
 AGENT_CTX = 32768  # tokens per slot for a server started here: an agent's first prompt is 15-25 thousand
@@ -69,8 +69,8 @@ def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
     p.add_argument("--port", type=PORT, default=8080, help="the server's port: used if one answers, else "
                                                           "one is started there (default 8080)")
-    p.add_argument("--ctx-size", type=int, default=AGENT_CTX,
-                   help=f"tokens per slot for a server started here (default {AGENT_CTX})")
+    server_flags = p.add_argument_group("a server started here", "the engine flags of `runner serve`")
+    add_flags(server_flags, EngineOptions, {"ctx_size": AGENT_CTX, "parallel": 1})
     p.add_argument("--api-key", default=None, help=f"the server's key (default: ${API_KEY_ENV}, which a server "
                                                    "started here takes too)")
     p.set_defaults(agent_args=[])  # what follows `--` on the command line: main() puts it here
@@ -209,12 +209,13 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Pa
     model = args.model or "gemma-3-270m"
     fd, name = tempfile.mkstemp(prefix=f"runner-launch-{args.port}-", suffix=".log")  # (a new file: no link followed)
     log = Path(name)
-    print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} "
-          f"--ctx-size {args.ctx_size}` (log: {log})", file=sys.stderr)
+    flags = to_flags(from_args(EngineOptions, args), unless_as=EngineOptions())  # (what serve's defaults would not give)
+    print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} {' '.join(flags)}` "
+          f"(log: {log})", file=sys.stderr)
     env = {**os.environ, API_KEY_ENV: args.api_key} if args.api_key else None  # the key the agent is given
     with os.fdopen(fd, "wb") as out:
-        server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port),
-                                   "--ctx-size", str(args.ctx_size), "--parallel", "1", "--with-parent"],
+        server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port), *flags,
+                                   "--with-parent"],
                                   stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, env=env)
     return server, log

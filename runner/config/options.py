@@ -172,12 +172,14 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, overrides: dict[str, A
                             help=f"{help_text} (default: {default})")
 
 
-def to_flags(values: object) -> list[str]:
-    """The command-line flags that give these values (add_flags' inverse), e.g. for a child process."""
+def to_flags(values: object, unless_as: object | None = None) -> list[str]:
+    """The command-line flags that give these values (add_flags' inverse), e.g. for a child process;
+    with `unless_as`, only those of values that differ from its."""
     out: list[str] = []
     for f in dataclasses.fields(values):  # type: ignore[arg-type]
-        if f.metadata.get("cli") is not False:
-            out += [_flag(f), str(getattr(values, f.name))]
+        value = getattr(values, f.name)
+        if f.metadata.get("cli") is not False and (unless_as is None or value != getattr(unless_as, f.name)):
+            out += [_flag(f), str(value)]
     return out
 
 

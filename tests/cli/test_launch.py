@@ -25,10 +25,12 @@ import json, os, sys, urllib.request
 base = os.environ.get("ANTHROPIC_BASE_URL") or next(a.split("=", 1)[1].strip('"') for a in sys.argv
                                                     if a.startswith("model_providers.runner.base_url=")).removesuffix("/v1")
 key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("RUNNER_API_KEY")
-request = urllib.request.Request(base + "/v1/models", headers={{"Authorization": "Bearer " + key}} if key else {{}})
-with urllib.request.urlopen(request) as reply:
-    models = json.loads(reply.read())
-json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": models}}, open({record!r}, "w"))
+def get(path):
+    request = urllib.request.Request(base + path, headers={{"Authorization": "Bearer " + key}} if key else {{}})
+    with urllib.request.urlopen(request) as reply:
+        return json.loads(reply.read())
+json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": get("/v1/models"), "slots": get("/slots")}},
+          open({record!r}, "w"))
 sys.exit(7)
 """
 
@@ -88,7 +90,7 @@ def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(t
     proc = runner("launch", "codex", str(tiny_gguf), "--port", str(port), "--ctx-size", "512",
                   env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 7, proc.stderr
-    assert f"no server on 127.0.0.1:{port}; starting `runner serve {tiny_gguf} --ctx-size 512`" in proc.stderr
+    assert f"no server on 127.0.0.1:{port}; starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512`" in proc.stderr
     seen = json.loads(record.read_text())
     assert seen["argv"] == ["-c", 'model_provider="runner"', "-c", 'model_providers.runner.name="runner"',
                             "-c", f'model_providers.runner.base_url="http://127.0.0.1:{port}/v1"',
@@ -132,6 +134,17 @@ def test_the_model_asked_for_is_used_where_a_server_of_several_serves_it(tiny_gg
         server.stop()
 
 
+def test_engine_flags_reach_a_server_started_here(tiny_gguf: Path, tmp_path: Path) -> None:
+    """(launch took only --ctx-size for the server it starts: `--parallel 2` was 'unrecognized arguments')"""
+    env, record = fake_agent(tmp_path, "codex")
+    port = free_port()
+    proc = runner("launch", "codex", str(tiny_gguf), "--port", str(port), "--ctx-size", "512", "--parallel", "2",
+                  "--max-queue", "9", env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 7, proc.stderr
+    assert f"starting `runner serve {tiny_gguf} --parallel 2 --ctx-size 512 --max-queue 9`" in proc.stderr
+    assert len(json.loads(record.read_text())["slots"]) == 2
+
+
 def test_a_model_after_an_option_is_the_model_to_serve(tiny_gguf: Path, tmp_path: Path) -> None:
     """(argparse left `runner launch codex --port N MODEL`'s MODEL over: 'unrecognized arguments')"""
     env, record = fake_agent(tmp_path, "codex")
@@ -139,7 +152,7 @@ def test_a_model_after_an_option_is_the_model_to_serve(tiny_gguf: Path, tmp_path
     proc = runner("launch", "codex", "--port", str(port), "--ctx-size", "512", str(tiny_gguf),
                   env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 7, proc.stderr
-    assert f"starting `runner serve {tiny_gguf} --ctx-size 512`" in proc.stderr
+    assert f"starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512`" in proc.stderr
     assert not list(Path(tempfile.gettempdir()).glob(f"runner-launch-{port}-*.log"))  # (it served: no log left)
 
 
