@@ -112,6 +112,7 @@ def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: di
     return f'start: block{repeat}\nblock: "<tool_call>" call "</tool_call>"\ncall: %json {schema}\n'
 
 
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -146,13 +147,73 @@ def parse_calls(syntax: str, text: str, tools: list[Tool]) -> tuple[str, list[To
                 return _before_a_cut_call(_HERMES_BLOCK.sub("", text)).strip(), calls
     except (json.JSONDecodeError, TypeError, AttributeError):
         pass
-    return _before_a_cut_call(text) if syntax == HERMES else text, []
+    return _before_a_cut_call(text).lstrip() if syntax == HERMES else text, []
 
 
 def _before_a_cut_call(text: str) -> str:
-    """The text before a call that never closed (the reply was cut inside it): not content."""
-    cut = text.rfind("<tool_call>")
-    return text if cut < 0 or "</tool_call>" in text[cut:] else text[:cut]
+    """The text before a call that never closed (the reply was cut inside it, or inside its tag):
+    not content."""
+    cut = text.rfind(HERMES_OPEN)
+    if cut >= 0:
+        return text if HERMES_CLOSE in text[cut:] else text[:cut]
+    return text[:len(text) - _opening_part(text, HERMES_OPEN)]
+
+
+def _opening_part(text: str, opener: str) -> int:
+    """The length of text's longest end that begins opener (and is not all of it)."""
+    return next((n for n in range(min(len(text), len(opener) - 1), 0, -1) if opener.startswith(text[-n:])), 0)
+
+
+class ShownText:
+    """The part of a reply that may hold calls that can be shown while it streams: its text up to
+    where a call may begin. What it shows is always the start of the text outside the calls that
+    parse_calls reads from the whole reply, so the rest can follow once the reply has ended.
+    Hermes: the text, leading whitespace left out, up to a `<tool_call>` or what may begin one,
+    holding back whitespace (the text before a call ends without it). Llama 3 and Mistral: a call
+    is the whole reply, so all of it once it cannot begin one, else nothing."""
+
+    def __init__(self, syntax: str) -> None:
+        self._syntax = syntax
+        self._text = ""
+        self._shown = 0  # characters of _text shown
+        self._held = False  # a call began: nothing more until the end
+        self._free = False  # (Llama 3, Mistral) no call: everything, as it comes
+
+    @property
+    def shown(self) -> str:
+        return self._text[len(self._text) - len(self._text.lstrip()):self._shown] if self._syntax == HERMES \
+            else self._text[:self._shown]
+
+    def push(self, text: str) -> str:
+        """What of the reply's next text can be shown now."""
+        self._text += text
+        if self._held:
+            return ""
+        end = self._hermes_end() if self._syntax == HERMES else self._whole_reply_end()
+        start = max(self._shown, len(self._text) - len(self._text.lstrip()) if self._syntax == HERMES else 0)
+        out = self._text[start:end] if end > start else ""
+        self._shown = max(self._shown, end)
+        return out
+
+    def _hermes_end(self) -> int:
+        at = self._text.find(HERMES_OPEN, self._shown)
+        if at >= 0:
+            self._held = True
+            return len(self._text[:at].rstrip())
+        return len(self._text[:len(self._text) - _opening_part(self._text, HERMES_OPEN)].rstrip())
+
+    def _whole_reply_end(self) -> int:
+        if self._free:
+            return len(self._text)
+        start = self._text.lstrip()
+        openers = ("{", "<|python_tag|>") if self._syntax == LLAMA3 else ("[TOOL_CALLS]",)
+        if any(start.startswith(o) for o in openers):
+            self._held = True
+            return 0
+        if not start or any(o.startswith(start) for o in openers):
+            return 0
+        self._free = True
+        return len(self._text)
 
 
 @dataclass(frozen=True)

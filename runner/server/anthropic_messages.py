@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from runner.prompt.chat_template import Message
-from runner.prompt.tools import Tool, ToolCall, ToolReading
+from runner.prompt.tools import ShownText, Tool, ToolCall, ToolReading
 from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
@@ -21,7 +21,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import read_reply
+from runner.server.replies import read_reply, rest_after
 from runner.server.request_fields import Field
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -249,6 +249,7 @@ class MessageBuilder:
         self.stop_sequences = stop_sequences
         self.reasoning = reasoning
         self.tools = tools
+        self.shown = ShownText(tools.syntax) if tools is not None else None  # (what of the text streams)
         self.show_thinking = show_thinking and reasoning is not None
         self.text_parts: list[str] = []
         self.finish_reason: FinishReason | None = None
@@ -314,18 +315,20 @@ class MessageBuilder:
         return _event("message_start", {"message": self._message([], None, None)}) + _event("ping", {})
 
     def chunk_sse(self, event: StreamEvent) -> str | None:
-        """Thinking (when asked for) and text stream as they come; with tools the reply is sent
-        when it ends."""
+        """Thinking (when asked for) and text stream as they come; with tools, the text up to where
+        a call may begin, the rest and the calls when the reply ends."""
         self.add(event)
-        if self.tools is not None:
-            return self._whole_blocks_sse() if event.is_final else None
         thought, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
         if event.is_final and self.reasoning is not None:
             more_thought, more_text = self.reasoning.flush()
             thought, text = thought + more_thought, text + more_text
+        if self.shown is not None:
+            text = self.shown.push(text)
         out = self._delta_sse("thinking", thought) if thought and self.show_thinking else ""
         if text:
             out += self._delta_sse("text", text)
+        if event.is_final and self.shown is not None:
+            out += self._rest_sse()
         return out or None
 
     def _delta_sse(self, kind: str, text: str) -> str:
@@ -349,20 +352,21 @@ class MessageBuilder:
         self._open = None
         return out + _event("content_block_stop", {"index": self._index})
 
-    def _whole_blocks_sse(self) -> str:
+    def _rest_sse(self) -> str:
+        """With tools, the end of the stream's blocks: the rest of the text, then the calls."""
+        blocks, _ = self._content()
         out = []
-        for block in self._content()[0]:
-            if block["type"] == "tool_use":
+        for block in blocks:
+            if block["type"] == "text":
+                out.append(self._delta_sse("text", rest_after(block["text"], self.shown.shown)))
+            elif block["type"] == "tool_use":
+                out.append(self._close_sse())
                 self._index += 1
                 out.append(_event("content_block_start", {"index": self._index,
                                                           "content_block": {**block, "input": {}}}))
                 out.append(_event("content_block_delta", {"index": self._index, "delta": {
                     "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
                 out.append(_event("content_block_stop", {"index": self._index}))
-            else:
-                kind = block["type"]
-                out.append(self._delta_sse(kind, block[kind]))
-                out.append(self._close_sse())
         return "".join(out)
 
     def stream_error(self, message: str, code: str = "generation_failed") -> str:

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.prompt.tools import ToolReading
+from runner.prompt.tools import ShownText, ToolReading
 from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import TokenText, read_reply, sse
+from runner.server.replies import TokenText, read_reply, rest_after, sse
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -191,7 +191,8 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
                  index: int = 0) -> None:
         super().__init__(request_id, model, token_bytes, wants_logprobs, index)
         self._text_tail = "}" + self._text_tail
-        self.tools = tools  # the reply is read for calls once whole (streamed: sent at the end)
+        self.tools = tools  # the reply is read for calls once whole (streamed: its text up to where one may begin)
+        self.shown = ShownText(tools.syntax) if tools is not None else None
         self.reasoning = reasoning  # split <think>…</think> into reasoning_content (None: text stays inline)
         self.logprobs: list[dict[str, Any]] = []
 
@@ -242,31 +243,45 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         return super().chunk_sse(event)
 
     def _tool_chunks_sse(self, event: StreamEvent) -> str | None:
-        """With tools, the reply is held until it ends, then sent as calls (the first fragment of each
-        with its id, type and name, the next with its arguments) or as text."""
+        """With tools, the text streams up to where a call may begin; when the reply ends, the rest
+        of it, then the calls (the first fragment of each with its id, type and name, the next with
+        its arguments)."""
+        assert self.shown is not None
         self.add(event)
+        reasoning, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
+        if event.is_final and self.reasoning is not None:
+            more_reasoning, more_text = self.reasoning.flush()
+            reasoning, text = reasoning + more_reasoning, text + more_text
+        text = self.shown.push(text)
+        delta = {"reasoning_content": reasoning} if reasoning else {}
         if not event.is_final:
-            self._hold_drafted(event)
-            return None
+            if text:
+                delta["content"] = text
+            if not delta:
+                self._hold_drafted(event)
+                return None
+            choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
+            drafted = self._drafted(event)
+            if drafted:
+                choice["drafted"] = drafted
+            return sse(self.envelope([choice], chunk=True))
         reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
-        content, calls = reply.content, reply.calls
+        text += rest_after(reply.content, self.shown.shown)
+        if text:
+            delta["content"] = text
+        deltas: list[dict[str, Any]] = [delta] if delta else []
         reason = finish_reason_json(self.finish_reason)
-        deltas: list[dict[str, Any]] = [{"reasoning_content": reply.reasoning}] if reply.reasoning else []
-        if calls:
+        if reply.calls:
             reason = "tool_calls" if reason == "stop" else reason
-            if content:
-                deltas.append({"content": content})
-            for i, call in enumerate(calls):
+            for i, call in enumerate(reply.calls):
                 deltas.append({"tool_calls": [{"index": i, "id": call.id, "type": "function",
                                                "function": {"name": call.name, "arguments": ""}}]})
                 deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
-        elif content:
-            deltas.append({"content": content})
         chunks = [self.envelope([{"index": self.index, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
                   for d in deltas]
         last = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
         drafted = self._drafted(event)
-        if drafted:  # (every token's, on the one chunk that ends the held reply)
+        if drafted:  # (the final event's tokens', and those of any held before it)
             last["drafted"] = drafted
         chunks.append(self.envelope([last], chunk=True))
         return "".join(sse(c) for c in chunks)

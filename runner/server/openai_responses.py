@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from runner.prompt.chat_template import Message
-from runner.prompt.tools import Tool, ToolCall, ToolReading
+from runner.prompt.tools import ShownText, Tool, ToolCall, ToolReading
 from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
@@ -23,7 +23,7 @@ from runner.server.errors import invalid
 from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import read_reply
+from runner.server.replies import read_reply, rest_after
 from runner.server.request_fields import Field
 
 MAX_OUTPUT_TOKENS = Field("max_output_tokens", "integer", "most tokens in the reply", 1)
@@ -275,6 +275,7 @@ class ResponsesBuilder:
         self.settings = settings
         self.reasoning = reasoning
         self.tools = tools
+        self.shown = ShownText(tools.syntax) if tools is not None else None  # (what of the text streams)
         self.created_at = int(time.time())
         self.text_parts: list[str] = []
         self.finish_reason: FinishReason | None = None
@@ -347,20 +348,34 @@ class ResponsesBuilder:
                 + self._event("response.in_progress", response=snapshot))
 
     def chunk_sse(self, event: StreamEvent) -> str | None:
-        """Text and reasoning stream as they come; with tools the reply is sent as items when it ends."""
+        """Text and reasoning stream as they come; with tools, the text up to where a call may begin,
+        the rest and the calls when the reply ends."""
         self.add(event)
-        if self.tools is not None:
-            return self._whole_items_sse() if event.is_final else None
         thought, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
         if event.is_final and self.reasoning is not None:
             more_thought, more_text = self.reasoning.flush()
             thought, text = thought + more_thought, text + more_text
+        if self.shown is not None:
+            text = self.shown.push(text)
         out = self._delta_sse("reasoning", thought) if thought else ""
-        if text or (event.is_final and not self.output):  # a reply always has its message
+        if text:
             out += self._delta_sse("message", text)
         if event.is_final:
-            out += self._close_sse()
+            out += self._rest_sse()
         return out or None
+
+    def _rest_sse(self) -> str:
+        """The end of the stream's items: the rest of the text (a reply always has its message, unless
+        it is only calls), then the calls."""
+        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+        rest = rest_after(reply.content, self.shown.shown) if self.shown is not None else ""
+        has_message = any(item["type"] == "message" for item in self.output)
+        out = self._delta_sse("message", rest) if rest or not (has_message or reply.calls) else ""
+        out += self._close_sse()
+        for call in reply.calls:
+            out += self._call_sse({"type": "function_call", "id": new_id("fc"), "call_id": call.id,
+                                   "name": call.name, "arguments": call.arguments, "status": "completed"})
+        return out
 
     def _delta_sse(self, kind: str, text: str) -> str:
         out = ""
@@ -403,31 +418,16 @@ class ResponsesBuilder:
                            part=part)
         return out + self._event("response.output_item.done", output_index=index, item=item)
 
-    def _whole_items_sse(self) -> str:
-        out = []
-        for index, item in enumerate(self._items()):
-            self.output.append(item)
-            if item["type"] != "function_call":
-                self._open = item
-                out.append(self._event("response.output_item.added", output_index=index,
-                                       item={**item, "content": [], "status": "in_progress"}))
-                part = item["content"][0]
-                out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index,
-                                       content_index=0, part={**part, "text": ""}))
-                kind = "reasoning_text" if item["type"] == "reasoning" else "output_text"
-                extra = {"logprobs": []} if kind == "output_text" else {}
-                out.append(self._event(f"response.{kind}.delta", item_id=item["id"], output_index=index,
-                                       content_index=0, delta=part["text"], **extra))
-                out.append(self._close_sse())
-                continue
-            out.append(self._event("response.output_item.added", output_index=index,
-                                   item={**item, "arguments": "", "status": "in_progress"}))
-            out.append(self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                   delta=item["arguments"]))
-            out.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                   name=item["name"], arguments=item["arguments"]))
-            out.append(self._event("response.output_item.done", output_index=index, item=item))
-        return "".join(out)
+    def _call_sse(self, item: dict[str, Any]) -> str:
+        self.output.append(item)
+        index = len(self.output) - 1
+        return (self._event("response.output_item.added", output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"})
+                + self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                              delta=item["arguments"])
+                + self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                              name=item["name"], arguments=item["arguments"])
+                + self._event("response.output_item.done", output_index=index, item=item))
 
     def stream_error(self, message: str, code: str = "generation_failed") -> str:
         return self._event("error", code=code, message=message, param=None)

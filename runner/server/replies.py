@@ -32,5 +32,14 @@ def read_reply(text: str, reasoning: ReasoningSplitter | None, tools: ToolReadin
     return Reply(thought, content, calls)
 
 
+def rest_after(content: str, shown: str) -> str:
+    """What of a reply's text is still to send once `shown` was sent while it streamed (ShownText:
+    always the start of the text; were it not, what follows the part they share)."""
+    if content.startswith(shown):
+        return content[len(shown):]
+    n_same = next((i for i, (a, b) in enumerate(zip(content, shown)) if a != b), min(len(content), len(shown)))
+    return content[n_same:]
+
+
 def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"

@@ -15,7 +15,8 @@ from runner.sampling.constraints import JSON_LAYOUT, GrammarSpec
 from runner.model.loaded_model import LoadedModel
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import GenerationRequest
-from runner.prompt.tools import HERMES, LLAMA3, MISTRAL, Tool, ToolCall, call_grammar, parse_calls, syntax_of
+from runner.prompt.tools import (HERMES, LLAMA3, MISTRAL, ShownText, Tool, ToolCall, call_grammar, parse_calls,
+                                 syntax_of)
 from tiny_gguf import write_tiny_gguf
 
 WEATHER = Tool("get_weather", "The weather in a city",
@@ -57,6 +58,8 @@ def test_each_family_is_told_by_its_template() -> None:
     (HERMES, '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{"name": "get_w',
      ("", [("add", {"a": 1, "b": 2})])),
     (HERMES, 'Let me look.\n<tool_call>{"name": "get_weather", "argu', ("Let me look.\n", [])),
+    (HERMES, "Let me look. <tool_", ("Let me look. ", [])),  # (cut inside the tag: "<tool_" leaked)
+    (HERMES, "\n  Hi", ("Hi", [])),  # (as with calls: a reply's text starts where its words do)
 ])
 def test_calls_are_read_back_from_each_syntax(syntax: str, text: str, want) -> None:
     content, calls = parse_calls(syntax, text, [WEATHER, ADD])
@@ -205,3 +208,36 @@ def test_a_tools_root_relative_references_keep_meaning_its_parameters(family: tu
     grammar = call_grammar(syntax, [TREE, PAIR], syntax != LLAMA3, JSON_LAYOUT)
     n_valid, n = _n_valid(loaded, grammar, _call_text(syntax, [call]))
     assert (n_valid == n) is is_valid
+
+
+SHOWN_REPLIES = [
+    (HERMES, "Sure, let me check.\n\n<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}</tool_call>\nDone.",
+     "Sure, let me check."),
+    (HERMES, "\n  A poem about the sea, in four lines.\nWaves < rocks; <b>bold</b> <tool", "A poem about the sea, in four lines.\nWaves < rocks; <b>bold</b>"),
+    (HERMES, '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', ""),
+    (HERMES, 'Hi <tool_call>{"name": "nope", "arguments": {}}</tool_call> there', "Hi"),
+    (LLAMA3, "The answer is 4.", "The answer is 4."),
+    (LLAMA3, ' <|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}', ""),
+    (LLAMA3, '{"not": "a call"}', ""),
+    (MISTRAL, "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 0, \"b\": 1}}]", ""),
+    (MISTRAL, "[Note] four.", "[Note] four."),
+]
+
+
+@pytest.mark.parametrize(("syntax", "reply", "shown_by_the_end"), SHOWN_REPLIES)
+@pytest.mark.parametrize("piece", [1, 3, 7, 1000])
+def test_the_text_a_reply_with_tools_shows_as_it_streams_starts_its_text(syntax: str, reply: str,
+                                                                         shown_by_the_end: str, piece: int) -> None:
+    """What streams before the reply ends (in pieces of any size) is text up to where a call may
+    begin, and always the start of the text read from the whole reply; no markup shows."""
+    shown = ShownText(syntax)
+    sent = "".join(shown.push(reply[i:i + piece]) for i in range(0, len(reply), piece))
+    assert sent == shown.shown == shown_by_the_end
+    content, _ = parse_calls(syntax, reply, [WEATHER, ADD])
+    assert content.startswith(sent)
+    assert "<tool" not in sent and "TOOL_CALLS" not in sent
+
+
+def test_plain_text_beside_tools_shows_as_it_comes_not_at_the_end() -> None:
+    shown = ShownText(HERMES)
+    assert [shown.push(t) for t in ("Once", " upon", " a", " time", " <", "tool")] == ["Once", " upon", " a", " time", "", ""]

@@ -230,3 +230,30 @@ def test_count_tokens_and_errors_in_anthropics_envelope(server: ServerProcess, c
         client.messages.create(model=MODEL, max_tokens=20, messages=ASK, tools=[bad_tool], tool_choice={"type": "any"})
     assert caught.value.body["error"]["type"] == "invalid_request_error"
     assert "no-such-type" in caught.value.body["error"]["message"]
+
+
+def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> None:
+    """(With tools offered, every delta waited for the whole reply: Claude Code showed nothing until then.)"""
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+    from runner.scheduler.request import FinishReason, StreamEvent, Usage
+    from runner.server.anthropic_messages import MessageBuilder
+
+    reading = ToolReading(HERMES, (Tool("get_weather", "", {"type": "object"}),))
+    builder = MessageBuilder("msg-1", MODEL, 5, (), None, reading)
+    pieces = ["It is", " sunny?", " Let me", " check.\n", "<tool_call>", '{"name": "get_weather", ',
+              '"arguments": {"city": "Paris"}}</tool_call>']
+    sent = [builder.chunk_sse(StreamEvent("msg-1", text, finish_reason=FinishReason.STOP if i == len(pieces) - 1 else None,
+                                          usage=Usage(5, 7) if i == len(pieces) - 1 else None)) or ""
+            for i, text in enumerate(pieces)]
+    sent.append(builder.stream_end(False))
+    events = [json.loads(line.removeprefix("data: ")) for part in sent for line in part.splitlines()
+              if line.startswith("data: ")]
+    assert [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+            and e["delta"]["type"] == "text_delta"] == ["It is", " sunny?", " Let me", " check."]
+    assert sent[0] and sent[3] and not sent[4]  # (the text as it came; what may begin a call, held)
+    kinds = [(e["type"], e.get("index")) for e in events]
+    assert kinds[-6:] == [("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1),
+                          ("content_block_stop", 1), ("message_delta", None), ("message_stop", None)]
+    assert events[-5]["content_block"]["name"] == "get_weather"
+    assert json.loads(events[-4]["delta"]["partial_json"]) == {"city": "Paris"}
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"

@@ -90,3 +90,19 @@ def test_a_reply_held_for_tool_calls_sends_every_drafted_flag_at_its_end() -> No
     assert sent[0] is None
     chunks = [json.loads(line[6:]) for line in sent[1].split("\n\n") if line]
     assert [c["choices"][0].get("drafted") for c in chunks] == [None, None, [False, True, True]]
+
+
+def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> None:
+    """(With tools offered, every delta waited for the whole reply.)"""
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    builder = ChatReplyBuilder("r1", "smol", lambda t: b"?", False, None, reading)
+    pieces = ["Sure", ", adding", ".\n<tool_call>", '{"name": "add", "arguments": {"a": 1}}</tool_call>']
+    sent = [builder.chunk_sse(StreamEvent("r1", text, finish_reason=FinishReason.STOP if i == 3 else None,
+                                          usage=Usage(3, 4) if i == 3 else None)) for i, text in enumerate(pieces)]
+    deltas = [json.loads(line[6:])["choices"][0] for part in sent if part for line in part.split("\n\n") if line]
+    assert [d["delta"].get("content") for d in deltas[:3]] == ["Sure", ", adding", "."]
+    assert deltas[3]["delta"]["tool_calls"][0]["function"]["name"] == "add"
+    assert deltas[4]["delta"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    assert deltas[-1]["finish_reason"] == "tool_calls"

@@ -258,3 +258,22 @@ def test_an_empty_reply_still_streams_its_message() -> None:
         "response.output_item.added", "response.content_part.added", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed"]
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
+
+
+def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> None:
+    """(With tools offered, every delta waited for the whole reply: Codex showed nothing until then.)"""
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+
+    params = parse_request({"input": "hi"})
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    builder = ResponsesBuilder("resp-1", MODEL, 5, echoed({"input": "hi"}, params), None, reading)
+    events = _streamed(builder, ["\nLet", " me", " add.", "\n<tool", '_call>{"name": "add", "arguments": {"a": 1}}',
+                                 "</tool_call>"])
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == ["Let", " me", " add."]
+    assert [e["type"] for e in events][-5:] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    output = events[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "function_call"]
+    assert output[0]["content"][0]["text"] == "Let me add." and output[1]["arguments"] == '{"a": 1}'
