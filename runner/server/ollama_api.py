@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from runner.config.keep_alive import parse_keep_alive
 from runner.core.errors import OptionError
 from runner.prompt.chat_template import Message
-from runner.prompt.tools import Tool, ToolCall, ToolReading, new_call_id
+from runner.prompt.tools import ShownText, Tool, ToolCall, ToolReading, new_call_id
 from runner.sampling.constraints import GrammarSpec
 from runner.sampling.params import SamplingParams, value_range
 from runner.scheduler.request import FinishReason, StreamEvent, Usage
@@ -25,7 +25,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import read_reply
+from runner.server.replies import read_reply, rest_after
 
 NDJSON = "application/x-ndjson"
 _DEFAULTS = SamplingParams()
@@ -337,6 +337,8 @@ class OllamaBuilder:
                  tools: ToolReading | None = None, show_thinking: bool = False) -> None:
         self.model, self.n_prompt, self.is_chat = model, n_prompt, is_chat
         self.reasoning, self.tools, self.show_thinking = reasoning, tools, show_thinking
+        self.shown = ShownText(tools.syntax) if tools is not None else None  # (what of the text streams)
+        self._calls: list[ToolCall] = []  # (read when the reply ends)
         self.timing = _Timing()
         self.text_parts: list[str] = []
         self.finish_reason: FinishReason | None = None
@@ -378,28 +380,29 @@ class OllamaBuilder:
         return ""
 
     def chunk_sse(self, event: StreamEvent) -> str | None:
-        """The text as it comes (thinking apart); with tools, the whole message once it has ended."""
+        """The text as it comes (thinking apart); with tools, the text up to where a call may begin,
+        the rest and the calls once the reply has ended."""
         self.add(event)
-        if self.tools is not None:
-            if not event.is_final:
-                return None
-            reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
-            self._calls = reply.calls
-            return _line(self._object(reply.content, reply.reasoning if self.show_thinking else "", reply.calls))
         thinking, content = self.reasoning.push(event.text) if self.reasoning is not None else ("", event.text)
         if event.is_final and self.reasoning is not None:
             more_thinking, more_content = self.reasoning.flush()
             thinking, content = thinking + more_thinking, content + more_content
         if not self.show_thinking:
             thinking = ""
-        return _line(self._object(content, thinking)) if content or thinking else None
+        if self.shown is not None:
+            content = self.shown.push(content)
+            if event.is_final:
+                reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+                self._calls = reply.calls
+                content += rest_after(reply.content, self.shown.shown)
+        return _line(self._object(content, thinking, self._calls)) if content or thinking or self._calls else None
 
     def stream_error(self, message: str, code: str = "generation_failed") -> str:
         return _line({"error": message})
 
     def stream_end(self, include_usage: bool) -> str:
         final = self._object("", done=True)
-        if getattr(self, "_calls", None):
+        if self._calls:
             final["done_reason"] = "stop"
         return _line(final)
 

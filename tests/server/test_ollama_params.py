@@ -80,6 +80,20 @@ def events(*texts: str) -> list[StreamEvent]:
     return out + [StreamEvent("r", texts[-1], finish_reason=FinishReason.STOP, usage=Usage(5, len(texts)))]
 
 
+def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> None:
+    """(With tools offered, /api/chat sent nothing until the whole reply was in.)"""
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+
+    builder = OllamaBuilder("m", 5, True, tools=ToolReading(HERMES, (Tool("add", "", {"type": "object"}),)))
+    lines = [builder.chunk_sse(e) for e in events("Adding", " now.", " <tool_call>",
+                                                  '{"name": "add", "arguments": {"a": 1}}</tool_call>')]
+    assert [json.loads(line)["message"]["content"] for line in lines[:2]] == ["Adding", " now."]
+    assert lines[2] is None
+    last = json.loads(lines[3])["message"]
+    assert (last["content"], last["tool_calls"]) == ("", [{"function": {"name": "add", "arguments": {"a": 1}}}])
+    assert json.loads(builder.stream_end(False))["done_reason"] == "stop"
+
+
 @pytest.mark.parametrize("show_thinking", [True, False])
 def test_thinking_is_apart_from_the_content_streamed_and_whole(show_thinking: bool) -> None:
     pieces = ("<think>", "add them", "</think>", "4")
