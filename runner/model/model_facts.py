@@ -72,7 +72,8 @@ class ModelFacts:
         n_min_tokens = n_chars // self._model.max_token_bytes
         if n_chars > self.max_text_chars:
             raise PromptTooLongError(f"the prompt has {n_chars} characters, at least {n_min_tokens} tokens, but a "
-                                     f"slot's context holds {self.ctx_size}; raise --ctx-size or shorten it")
+                                     f"slot's context holds {self.ctx_size}; raise --ctx-size or shorten it",
+                                     n_min_tokens, self.ctx_size - 1)
 
     def check_token_ids(self, token_ids: tuple[int, ...] | list[int]) -> None:
         if any(t < 0 or t >= self.n_vocab for t in token_ids):

@@ -40,6 +40,10 @@ class QueueFullError(RunnerError):
 class PromptTooLongError(RunnerError):
     """The prompt does not fit in one slot's context."""
 
+    def __init__(self, message: str, n_tokens: int = 0, n_max: int = 0) -> None:
+        super().__init__(message)
+        self.n_tokens, self.n_max = n_tokens, n_max  # its tokens (or the fewest it has), and the most a slot takes
+
 
 def check_prompt_length(n_prompt: int, n_ctx_per_slot: int) -> None:
     """PromptTooLongError for an empty prompt, or one that leaves a slot no room to generate."""
@@ -48,7 +52,8 @@ def check_prompt_length(n_prompt: int, n_ctx_per_slot: int) -> None:
     if n_prompt >= n_ctx_per_slot:
         raise PromptTooLongError(
             f"the prompt has {n_prompt} tokens but a slot's context holds {n_ctx_per_slot} "
-            f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt"
+            f"(at least one more is needed to generate); raise --ctx-size or shorten the prompt",
+            n_prompt, n_ctx_per_slot - 1,
         )
 
 

@@ -38,8 +38,17 @@ def api_key(request: Request) -> str | None:
 
 def error_response(exc: ApiError) -> JSONResponse:
     kind = ERROR_TYPES.get(exc.status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": exc.message}}, status_code=exc.status,
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": _message(exc)}}, status_code=exc.status,
                         headers=exc.headers)
+
+
+def _message(exc: ApiError) -> str:
+    """The error's message; a prompt too long begins as Anthropic words it, which clients read
+    (Claude Code compacts its conversation on it)."""
+    if exc.too_long is None or not exc.too_long[0]:
+        return exc.message
+    n_tokens, n_max = exc.too_long
+    return f"prompt is too long: {n_tokens} tokens > {n_max} maximum ({exc.message})"
 
 
 def _text_of(value: Any, where: str) -> str:

@@ -34,7 +34,7 @@ from runner.sampling.constraints import (
 )
 from runner.scheduler.request import GenerationRequest, MediaSpan
 from runner.scheduler.scheduler import PromptTooLongError
-from runner.server.errors import ApiError, invalid
+from runner.server.errors import ApiError, invalid, too_long
 from runner.server.images import ImageInput, fetch, refuse_remote
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import CLOSE as REASONING_CLOSE
@@ -149,8 +149,8 @@ def _check_media_fits(state: ServerState, images: tuple[ImageInput, ...], spans:
     n_positions = sum(chunk.n_tokens for chunks in spans for chunk in chunks)
     if n_positions >= state.facts.ctx_size:
         where = images[0].where if len(images) == 1 else "messages"
-        raise invalid(f"the request's {len(images)} image(s) and clip(s) take {n_positions} positions; a slot's "
-                      f"context holds {state.facts.ctx_size}", where, "context_length_exceeded")
+        raise too_long(f"the request's {len(images)} image(s) and clip(s) take {n_positions} positions; a slot's "
+                       f"context holds {state.facts.ctx_size}", where, n_positions, state.facts.ctx_size - 1)
 
 
 async def _chat_constraint(state: ServerState, params: ChatParams, common: CommonParams, reading: ToolReading | None,
@@ -255,7 +255,7 @@ def check_fits(state: ServerState, n_chars: int, param: str) -> None:
     try:
         state.facts.check_text_fits(n_chars)
     except PromptTooLongError as exc:
-        raise invalid(str(exc), param, "context_length_exceeded") from None
+        raise too_long(str(exc), param, exc.n_tokens, exc.n_max) from None
 
 
 async def compile_grammar(state: ServerState, common: CommonParams) -> Constraint | None:
@@ -295,7 +295,7 @@ def _generation_request(
         facts.check_prompt(len(prompt_ids))
     except PromptTooLongError as exc:
         of_images = (f" ({sum(s.n_tokens for s in media)} of them for its {len(media)} image(s))" if media else "")
-        raise invalid(f"{exc}{of_images}", _prompt_param(prefix), "context_length_exceeded") from None
+        raise too_long(f"{exc}{of_images}", _prompt_param(prefix), exc.n_tokens, exc.n_max) from None
     max_tokens = reply_length(common.max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))
     return generation_request(new_request_id(prefix), prompt_ids, common.sampling, max_tokens,
                               common.stop + extra_stop, constraint, common.n_top_logprobs, common.ignore_eos,

@@ -16,6 +16,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        too_long: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -24,6 +25,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.too_long = too_long  # context_length_exceeded: the prompt's tokens and the most a slot takes
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -34,3 +36,9 @@ class ApiError(Exception):
 
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def too_long(message: str, param: str | None, n_tokens: int, n_max: int) -> ApiError:
+    """A prompt (or its media) that no slot can hold: a 400 that carries the two counts (Anthropic's
+    dialect words it its own way)."""
+    return ApiError(400, message, param=param, code="context_length_exceeded", too_long=(n_tokens, n_max))

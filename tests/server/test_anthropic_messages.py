@@ -163,6 +163,23 @@ def test_a_format_beside_tools_is_a_400_in_anthropics_envelope(server: ServerPro
 
 
 @pytest.mark.model
+def test_a_prompt_too_long_is_worded_as_anthropic_words_it(client: anthropic.Anthropic) -> None:
+    """Claude Code reads 'prompt is too long: N tokens > M maximum' to compact its conversation (it was
+    'the prompt has N tokens but ...')."""
+    import re
+
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "sea " * 3000}])
+    message = refused.value.body["error"]["message"]
+    assert re.fullmatch(r"prompt is too long: (\d+) tokens > 2047 maximum \(the prompt has \1 tokens but .*\)", message)
+    assert int(re.match(r"prompt is too long: (\d+)", message).group(1)) > 3000
+    with pytest.raises(anthropic.BadRequestError) as before_tokenizing:  # (refused by its characters alone)
+        client.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "sea " * 200_000}])
+    assert re.match(r"prompt is too long: \d+ tokens > 2047 maximum \(the prompt has 800000 characters",
+                    before_tokenizing.value.body["error"]["message"])
+
+
+@pytest.mark.model
 def test_a_text_reply_whole_and_streamed(client: anthropic.Anthropic) -> None:
     whole = client.messages.create(model=MODEL, max_tokens=30, messages=[{"role": "user", "content": "Say hi"}],
                                    **GREEDY)
