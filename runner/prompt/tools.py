@@ -96,20 +96,30 @@ def _rebased(schema: Any, base: str) -> Any:
     return out
 
 
-def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None) -> str:
+def call_grammar(syntax: str, tools: list[Tool], parallel: bool, json_layout: dict[str, Any] | None = None,
+                 reply_schema: dict[str, Any] | None = None) -> str:
     """A Lark grammar (llguidance) for a reply that is only calls to these tools (json_layout: the
-    JSON compiler's options, e.g. no free whitespace). Lenient: a keyword of a tool's schema the
-    compiler does not implement (Claude Code's tools use propertyNames) is not enforced, where a
-    strict compile would refuse the whole request; the client checks the arguments it gets anyway."""
+    JSON compiler's options, e.g. no free whitespace), or, given a reply_schema (a request's JSON
+    reply format beside its tools), either calls or JSON that follows it. Lenient for the calls: a
+    keyword of a tool's schema the compiler does not implement (Claude Code's tools use
+    propertyNames) is not enforced, where a strict compile would refuse the whole request; the
+    client checks the arguments it gets anyway."""
     key = "parameters" if syntax == LLAMA3 else "arguments"
     schema = json.dumps({**_call_schema(tools, key), "x-guidance": {**(json_layout or {}), "lenient": True}})
     if syntax == MISTRAL:
         more = ' ("," " " call)*' if parallel else ""
-        return f'start: "[TOOL_CALLS]" "[" call{more} "]"\ncall: %json {schema}\n'
-    if syntax == LLAMA3:
-        return f"start: call\ncall: %json {schema}\n"
-    repeat = "+" if parallel else ""
-    return f'start: block{repeat}\nblock: "<tool_call>" call "</tool_call>"\ncall: %json {schema}\n'
+        calls = f'"[TOOL_CALLS]" "[" call{more} "]"'
+    elif syntax == LLAMA3:
+        calls = "call"
+    else:
+        calls = "block+" if parallel else "block"
+    rules = [f"start: {calls}" if reply_schema is None else f"start: reply | {calls}"]
+    if reply_schema is not None:
+        rules.append(f"reply: %json {json.dumps({**reply_schema, 'x-guidance': json_layout or {}})}")
+    if syntax == HERMES:
+        rules.append('block: "<tool_call>" call "</tool_call>"')
+    rules.append(f"call: %json {schema}")
+    return "\n".join(rules) + "\n"
 
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"

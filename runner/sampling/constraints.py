@@ -20,6 +20,7 @@ from runner.core.errors import RunnerError
 from runner.core.json_schemas import closed_objects
 
 KINDS = ("json_schema", "json_object", "lark", "gbnf")
+JSON_KINDS = ("json_schema", "json_object")  # (a reply format: what may stand beside tools)
 # JSON on one line with the usual separators: no run-away whitespace, and the keys and punctuation
 # between values are forced (jump-forward decodes them in one step)
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -48,7 +49,7 @@ def grammar_text(kind: str, source: str) -> str:
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 
-    if kind in ("json_object", "json_schema"):  # (objects closed as llama.cpp's server closes them)
+    if kind in JSON_KINDS:  # (objects closed as llama.cpp's server closes them)
         # no schema, or the empty one: any object (a bare number or string would rarely be what is meant,
         # and a model may write digits until its tokens run out)
         schema = closed_objects(json.loads(source)) if source else {}

@@ -201,8 +201,6 @@ def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     choice, parallel = _tool_choice(body.get("tool_choice"), tools, ignored)
     show_thinking, budget = _thinking(body.get("thinking"), body.get("output_config"))
     grammar = _output_format(body)
-    if tools and choice != "none" and grammar is not None:  # (the call's grammar would replace it)
-        raise invalid(f"give {grammar.param} or tools, not both", "tools")
     stream = request_fields.STREAM.read(body, False)
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling, max_tokens=max_tokens,
                           stop=stop, stream=stream, grammar=grammar)

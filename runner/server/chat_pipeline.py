@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,9 @@ from runner.model.request_builder import (
 from runner.prompt.chat_template import TemplateError, TemplateLimitError
 from runner.prompt.tools import TRIGGERS, ToolReading, call_grammar
 from runner.runtime.embeddings import InputTooLongError
+from runner.core.json_schemas import closed_objects
 from runner.sampling.constraints import (
+    JSON_KINDS,
     JSON_LAYOUT,
     AnyConstraint,
     Constraint,
@@ -100,14 +103,23 @@ async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
         raise invalid(str(exc), "messages", "invalid_messages") from None
     reading, common = None, params.common
     if tools:
-        # every dialect refuses a reply format beside tools at its edge: the tools' grammar replaces it here
-        assert common.grammar is None, "a reply format beside tools would be dropped"
         reading = ToolReading(state.facts.tool_syntax, tuple(tools))
-        # required or a named function: the reply is a call; auto: a call once the reply starts one
+        # required or a named function: the reply is a call; auto: a call once the reply starts one, or,
+        # beside a JSON reply format, calls or that JSON from the start (the dialects refuse any other format)
         offered = [t for t in tools if params.tool_choice in ("auto", "required", t.name)]
-        grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT)
-        common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, "tools"))
+        reply_schema = _reply_schema(common.grammar) if params.tool_choice == "auto" else None
+        grammar = call_grammar(reading.syntax, offered, params.parallel_tool_calls, JSON_LAYOUT, reply_schema)
+        param = "tools" if reply_schema is None else common.grammar.param  # type: ignore[union-attr]
+        common = dataclasses.replace(common, grammar=GrammarSpec("lark", grammar, param))
     return prompt_ids, media, tools, reading, common
+
+
+def _reply_schema(spec: GrammarSpec | None) -> dict | None:
+    """A JSON reply format's schema, objects closed as for the format alone (None: no format)."""
+    if spec is None:
+        return None
+    assert spec.kind in JSON_KINDS, "a grammar beside tools is refused at the edge"
+    return (closed_objects(json.loads(spec.source)) if spec.source else {}) or {"type": "object"}
 
 
 async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> list:
@@ -161,7 +173,7 @@ async def _chat_constraint(state: ServerState, params: ChatParams, common: Commo
     spec, loaded = common.grammar, state.loaded
     # a budget needs </think> as one token to end the thought with; without it the model thinks on
     budget = params.thinking_budget if state.think_close_id is not None else None
-    lazy = spec is not None and reading is not None and params.tool_choice == "auto"
+    lazy = spec is not None and reading is not None and params.tool_choice == "auto" and params.common.grammar is None
 
     def grammar() -> AnyConstraint:
         assert spec is not None

@@ -58,8 +58,6 @@ def parse_chat(body: dict[str, Any], ctx_size: int) -> ChatParams:
     show_thinking, budget = _think(body.get("think"))
     common = _common(body, ctx_size)
     choice = _tool_choice(body.get("tool_choice"), tools)
-    if tools and choice != "none" and common.grammar is not None:  # (the call's grammar would replace it)
-        raise invalid("give format or tools, not both", "tools")
     return ChatParams(common=common, messages=turns, tools=tools, tool_choice=choice,
                       show_thinking=show_thinking, thinking_budget=budget, images=tuple(images.images))
 

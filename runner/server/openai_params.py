@@ -10,7 +10,7 @@ from typing import Any
 
 from runner.prompt.chat_template import ROLES, Message
 from runner.prompt.tools import Tool, ToolCall
-from runner.sampling.constraints import GrammarSpec
+from runner.sampling.constraints import JSON_KINDS, GrammarSpec
 from runner.sampling.params import SamplingParams
 from runner.scheduler.request import BeamParams
 from runner.server.errors import invalid
@@ -245,8 +245,8 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     common = _common(body, logprobs_key_is_int=False)
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
-    if tools and choice != "none" and common.grammar is not None:
-        raise invalid(f"give {common.grammar.param} or tools, not both", "tools")
+    if tools and choice != "none" and common.grammar is not None and common.grammar.kind not in JSON_KINDS:
+        raise invalid(f"give {common.grammar.param} or tools, not both", "tools")  # (a response_format may go with them)
     if tools and choice != "none" and common.beam is not None:
         raise invalid("beam search does not call tools here", "use_beam_search")
     parallel = body.get("parallel_tool_calls", True)

@@ -231,8 +231,6 @@ def parse_request(body: dict[str, Any]) -> ChatParams:
     tools, ignored = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools, bool(ignored))
     grammar = _grammar(body.get("text"))
-    if tools and choice != "none" and grammar is not None:
-        raise invalid("give text.format or tools, not both", "tools")
     common = CommonParams(model=request_fields.MODEL.read(body), sampling=sampling,
                           max_tokens=MAX_OUTPUT_TOKENS.read(body), stream=request_fields.STREAM.read(body, False),
                           grammar=grammar)

@@ -183,6 +183,24 @@ def test_a_tool_schema_with_definitions_compiles_and_is_enforced(family: tuple[s
 
 
 
+PET = {"type": "object", "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+       "required": ["name", "legs"]}
+
+
+@pytest.mark.parametrize(("reply", "is_valid"), [
+    ("call", True), ('{"name": "Rex", "legs": 4}', True), ('{"name": "Rex"}', False), ("Rex has four legs.", False),
+])
+def test_beside_a_json_reply_format_a_reply_is_calls_or_that_json(family: tuple[str, LoadedModel], reply: str,
+                                                                   is_valid: bool) -> None:
+    """(a reply format beside tools was refused: the Agents SDK's agents with tools and an output_type
+    failed every run)"""
+    syntax, loaded = family
+    grammar = call_grammar(syntax, [WEATHER, ADD], syntax != LLAMA3, JSON_LAYOUT, reply_schema=PET)
+    text = _call_text(syntax, [("add", {"a": 1, "b": 2})]) if reply == "call" else reply
+    n_valid, n = _n_valid(loaded, grammar, text)
+    assert (n_valid == n) is is_valid
+
+
 TREE = Tool("plant", "a tree of labelled nodes", {  # recursive: a node's children are nodes ("#")
     "type": "object", "properties": {"label": {"type": "string", "maxLength": 5},
                                      "children": {"type": "array", "items": {"$ref": "#"}}},

@@ -80,22 +80,19 @@ def test_the_betas_output_format_is_read_as_output_config_format(fields: dict) -
      "output_format and output_config.format differ: give one of them", "output_format"),
     ({"output_format": {"type": "json_object"}}, 'output_format must be {"type": "json_schema", "schema": {...}}',
      "output_format"),
-    ({"output_config": {"format": AS_PET}, "tools": [WEATHER]}, "give output_config.format or tools, not both",
-     "tools"),
-    ({"output_format": AS_PET, "tools": [WEATHER], "tool_choice": {"type": "any"}},
-     "give output_format or tools, not both", "tools"),
 ])
-def test_a_format_beside_tools_or_beside_a_different_one_is_refused(fields: dict, message: str, param: str) -> None:
-    """(beside tools the format was dropped: the tools' grammar replaced it)"""
+def test_a_format_beside_a_different_one_is_refused(fields: dict, message: str, param: str) -> None:
     with pytest.raises(ApiError) as caught:
         parse_messages({"max_tokens": 5, "messages": ASK, **fields})
     assert (caught.value.status, caught.value.message, caught.value.param) == (400, message, param)
 
 
-def test_with_tool_choice_none_a_format_beside_tools_holds() -> None:
-    params = parse_messages({"max_tokens": 5, "messages": ASK, "output_config": {"format": AS_PET}, "tools": [WEATHER],
-                             "tool_choice": {"type": "none"}})
-    assert params.common.grammar is not None and params.common.grammar.param == "output_config.format"
+def test_a_format_beside_tools_holds() -> None:
+    """(it was a 400 unless tool_choice was none: the format is the reply's shape when no call is made)"""
+    for choice in ({"type": "none"}, {"type": "auto"}, {"type": "any"}):
+        params = parse_messages({"max_tokens": 5, "messages": ASK, "output_config": {"format": AS_PET},
+                                 "tools": [WEATHER], "tool_choice": choice})
+        assert params.common.grammar is not None and params.common.grammar.param == "output_config.format"
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -154,12 +151,19 @@ def test_structured_output_follows_output_config_format(client: anthropic.Anthro
 
 
 @pytest.mark.model
-def test_a_format_beside_tools_is_a_400_in_anthropics_envelope(server: ServerProcess) -> None:
-    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": "s3cret"}, timeout=30,
-                   json={"model": MODEL, "max_tokens": 20, "messages": ASK, "tools": [WEATHER],
-                         "output_config": {"format": AS_PET}})
-    assert (r.status_code, r.json()) == (400, {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "give output_config.format or tools, not both"}})
+def test_a_format_beside_tools_shapes_a_reply_that_calls_none(client: anthropic.Anthropic) -> None:
+    """(a 400 before: 'give output_config.format or tools, not both')"""
+    import jsonschema
+
+    for ask, choice in (([{"role": "user", "content": "Invent a pet."}], {"type": "auto"}), (ASK, {"type": "any"})):
+        reply = client.messages.create(model=MODEL, max_tokens=80, messages=ask, tools=[WEATHER], tool_choice=choice,
+                                       extra_body={"temperature": 0, "output_config": {"format": AS_PET}})
+        if reply.stop_reason == "tool_use":
+            (call,) = [b for b in reply.content if b.type == "tool_use"]
+            jsonschema.validate(call.input, WEATHER["input_schema"])
+        else:
+            assert choice == {"type": "auto"} and reply.stop_reason == "end_turn"
+            jsonschema.validate(json.loads(reply.content[0].text), PET)
 
 
 @pytest.mark.model

@@ -147,8 +147,6 @@ def test_embed_equals_the_openai_embeddings(client: ollama.Client, server: Serve
     ({"messages": [{"role": "user", "content": "hi"}], "options": {"stop": ["."] * 65}}, 400,
      "'stop' takes at most 64 strings"),
     ({"messages": [], "keep_alive": "forever"}, 400, "keep_alive must be a duration"),  # (as a router says)
-    ({"messages": [{"role": "user", "content": "hi"}], "format": "json", "tools": [WEATHER]}, 400,
-     "give format or tools, not both"),
 ])
 def test_bad_input_is_a_4xx_in_ollamas_envelope(server: ServerProcess, body: dict, status: int, message: str) -> None:
     reply = server.post("/api/chat", json={"model": MODEL, **body})

@@ -58,13 +58,11 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 
 @pytest.mark.parametrize("fmt", ["json", {"type": "object", "properties": {"a": {"type": "integer"}}}])
-def test_a_format_beside_tools_is_a_400_naming_both(fmt: object) -> None:
-    """(the format was dropped: the tools' grammar replaced it)"""
-    with pytest.raises(ApiError) as caught:
-        chat(format=fmt, tools=[WEATHER])
-    assert (caught.value.status, caught.value.message) == (400, "give format or tools, not both")
-    kept = chat(format=fmt, tools=[WEATHER], tool_choice="none")  # (no call to make: the format holds)
-    assert kept.common.grammar is not None and kept.common.grammar.param == "format"
+def test_a_format_beside_tools_is_kept(fmt: object) -> None:
+    """(it was a 400: the format is the reply's shape when no call is made)"""
+    for choice in ({}, {"tool_choice": "none"}):
+        kept = chat(format=fmt, tools=[WEATHER], **choice)
+        assert kept.common.grammar is not None and kept.common.grammar.param == "format" and kept.tools
 
 
 def test_generate_is_a_user_turn_with_its_system_or_the_raw_prompt() -> None:

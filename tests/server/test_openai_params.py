@@ -171,7 +171,7 @@ def test_tools_and_tool_messages_become_plain_params() -> None:
     ({"tools": [TOOL, TOOL]}, "tools"),
     ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
-    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tools"),
+    ({"tools": [TOOL], "tool_choice": "required", "grammar": 'root ::= "a"'}, "tools"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
 ])
 def test_bad_tools_name_the_field(body: dict, param: str) -> None:
@@ -180,10 +180,11 @@ def test_bad_tools_name_the_field(body: dict, param: str) -> None:
     assert (caught.value.status, caught.value.param) == (400, param)
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("response_format", {"type": "json_object"}), ("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
-])
-def test_a_grammar_beside_tools_names_the_field_given(field: str, value: object) -> None:
+def test_a_grammar_beside_tools_names_the_field_given_and_a_json_format_goes_with_them() -> None:
+    """(a response_format beside tools was refused: it is the reply's shape when no call is made)"""
     with pytest.raises(ApiError) as caught:
-        parse_chat({"messages": MSG, "tools": [TOOL], field: value})
-    assert (caught.value.status, caught.value.message) == (400, f"give {field} or tools, not both")
+        parse_chat({"messages": MSG, "tools": [TOOL], "grammar": 'root ::= "a"'})
+    assert (caught.value.status, caught.value.message) == (400, "give grammar or tools, not both")
+    for field, value in (("response_format", {"type": "json_object"}), ("json_schema", {"type": "object"})):
+        params = parse_chat({"messages": MSG, "tools": [TOOL], field: value})
+        assert params.common.grammar is not None and params.common.grammar.param == field and params.tools
