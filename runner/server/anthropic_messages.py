@@ -60,6 +60,24 @@ def _text_of(value: Any, where: str) -> str:
     raise invalid(f"{where} must be a string or a list of text blocks", where)
 
 
+def _result_of(value: Any, where: str, images: ImageParts) -> str:
+    """A tool result's content: a string, or text and image blocks (a screenshot an agent's tool read)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise invalid(f"{where} must be a string or a list of text and image blocks", where)
+    parts = []
+    for k, block in enumerate(value):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "image":
+            parts.append(_image(block.get("source"), f"{where}.{k}", images))
+        else:
+            raise invalid(f"{where}.{k}: a tool result holds text and image blocks, not {json.dumps(kind)}", where)
+    return "".join(parts)
+
+
 def _turns(index: int, message: Any, images: ImageParts) -> list[Message]:
     """One Anthropic message as chat turns: tool results become tool turns, tool uses calls; a
     system message (Claude Code sends them mid-conversation) joins the system text; earlier
@@ -84,7 +102,7 @@ def _turns(index: int, message: Any, images: ImageParts) -> list[Message]:
         elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
             calls.append(ToolCall(str(block.get("id", "")), block["name"], json.dumps(block.get("input", {}))))
         elif kind == "tool_result" and role == "user" and isinstance(block.get("tool_use_id"), str):
-            result = _text_of(block.get("content", ""), f"{where}.content.{j}.content")
+            result = _result_of(block.get("content", ""), f"{where}.content.{j}.content", images)
             if block.get("is_error") is True:  # (else the model cannot tell a failure from a result)
                 result = f"Error: {result}"
             results.append(Message("tool", result, tool_call_id=block["tool_use_id"]))

@@ -365,3 +365,34 @@ def test_with_allow_remote_media_an_image_url_is_fetched_bounded(tiny_gguf: Path
     assert codes["/big.png"][0] == "image_too_large" and "larger than 20 MB" in codes["/big.png"][1]
     assert codes["/garbage"][0] == "image_fetch_failed"
     assert codes["/away"][0] == "image_fetch_failed" and "'file:///etc/passwd' is not allowed" in codes["/away"][1]
+
+
+def test_an_image_in_an_anthropic_tool_result_reaches_the_model(vision: tuple[Any, Any]) -> None:
+    """Claude Code's Read tool on a screenshot: the tool_result holds text and an image block (it was
+    a 400: 'must be a string or a list of text blocks')."""
+    client, loaded = vision
+
+    def result(image: bytes) -> dict[str, Any]:
+        return {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "text", "text": "the screenshot:"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(image).decode()}}]}
+
+    def ask(image: bytes) -> dict[str, Any]:
+        messages = [{"role": "user", "content": "look at the screen"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read",
+                                                       "input": {"path": "screen.png"}}]},
+                    {"role": "user", "content": [result(image)]}]
+        r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "temperature": 0, "messages": messages})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with_image, with_other = ask(PNG), ask(OTHER_PNG)
+    n_prompt = [r["usage"]["input_tokens"] + r["usage"]["cache_read_input_tokens"] for r in (with_image, with_other)]
+    assert n_prompt[0] == n_prompt[1] > N_IMAGE_TOKENS
+    assert loaded.runner.images.n_encodes == 2  # (each image's pixels reached the model)
+    bad = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document"}]}]}]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == ('messages.0.content.0.content.0: a tool result holds text and image '
+                                              'blocks, not "document"')
