@@ -439,8 +439,12 @@ class LoadedModel:
     def text_prompt_ids(self, text: str) -> tuple[int, ...]:
         """A plain prompt's ids (a completion's, Ollama's raw or templated one, `runner run --raw`):
         its writer wrote any control token in it, as llama.cpp's server and Ollama read them, so
-        '<|im_start|>' is the model's token, not its letters."""
-        return tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
+        '<|im_start|>' is the model's token, not its letters. An empty one is the start of a document,
+        as OpenAI reads it: the model's BOS token (or its EOS, where it has none)."""
+        ids = tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
+        if ids or text:
+            return ids
+        return (self.model.bos_id if self.model.bos_id >= 0 else self.model.eos_id,)
 
     def infill_prompt_ids(self, prefix: str | tuple[int, ...], suffix: str) -> tuple[int, ...]:
         """The fill-in-the-middle prompt for the text between prefix (text, or token ids) and suffix

@@ -64,8 +64,7 @@ class CompletionLogprobs:
         self.tokens.append(text)
         self.token_logprobs.append(lp.logprob)
         top = {token_bytes(t).decode("utf-8", "replace"): p for t, p in lp.top}
-        if lp.top:  # the chosen token is always among them (OpenAI's: up to logprobs + 1 entries)
-            top.setdefault(text, lp.logprob)
+        top.setdefault(text, lp.logprob)  # the chosen token is always among them (OpenAI's: up to logprobs + 1)
         self.top_logprobs.append(top)
         self.text_offset.append(self._offset)
         self._offset += len(text)
@@ -200,7 +199,8 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         self.logprobs.extend(_chat_logprob(lp, self.token_bytes) for lp in event.logprobs)
 
     def first_chunk(self) -> dict[str, Any]:
-        delta = {"role": "assistant", "content": ""}
+        # (with tools the reply may be only calls, whose content is null, as the whole reply's is)
+        delta = {"role": "assistant", "content": "" if self.tools is None else None}
         return self.envelope([{"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}],
                              chunk=True)
 

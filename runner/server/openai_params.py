@@ -249,7 +249,8 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
         raise invalid(f"give {common.grammar.param} or tools, not both", "tools")  # (a response_format may go with them)
     if tools and choice != "none" and common.beam is not None:
         raise invalid("beam search does not call tools here", "use_beam_search")
-    parallel = body.get("parallel_tool_calls", True)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel  # (null: not given, as every optional field)
     if not isinstance(parallel, bool):
         raise invalid("'parallel_tool_calls' must be a boolean", "parallel_tool_calls", "invalid_type")
     return ChatParams(common=common, messages=parsed, tools=tools, tool_choice=choice, parallel_tool_calls=parallel,

@@ -98,6 +98,9 @@ def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> Non
 
     reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
     builder = ChatReplyBuilder("r1", "smol", lambda t: b"?", False, None, reading)
+    # (the reply may be only calls, whose content is null: it began "content": "", which SDKs kept)
+    assert builder.first_chunk()["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert ChatReplyBuilder("r1", "smol", lambda t: b"?", False).first_chunk()["choices"][0]["delta"]["content"] == ""
     pieces = ["Sure", ", adding", ".\n<tool_call>", '{"name": "add", "arguments": {"a": 1}}</tool_call>']
     sent = [builder.chunk_sse(StreamEvent("r1", text, finish_reason=FinishReason.STOP if i == 3 else None,
                                           usage=Usage(3, 4) if i == 3 else None)) for i, text in enumerate(pieces)]

@@ -188,3 +188,8 @@ def test_a_grammar_beside_tools_names_the_field_given_and_a_json_format_goes_wit
     for field, value in (("response_format", {"type": "json_object"}), ("json_schema", {"type": "object"})):
         params = parse_chat({"messages": MSG, "tools": [TOOL], field: value})
         assert params.common.grammar is not None and params.common.grammar.param == field and params.tools
+
+
+def test_parallel_tool_calls_null_is_not_given() -> None:
+    """(null was a 400, though every other optional field takes it as not given)"""
+    assert parse_chat({"messages": MSG, "tools": [TOOL], "parallel_tool_calls": None}).parallel_tool_calls is True

@@ -232,6 +232,18 @@ def test_bad_completion_input(server: ServerProcess) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
+def test_an_empty_prompt_completes_from_the_start_of_a_document(client: openai.OpenAI,
+                                                                tokenizer: LoadedModel) -> None:
+    """As OpenAI's: the model writes as from a new document (it was a 400, 'the prompt is empty').
+    logprobs 0 still gives each token's own entry (it gave [{}])."""
+    empty = client.completions.create(model=MODEL, prompt="", temperature=0, max_tokens=4, logprobs=0)
+    assert empty.usage.prompt_tokens == 1 and empty.choices[0].text
+    assert [list(top) for top in empty.choices[0].logprobs.top_logprobs] == [[t] for t in empty.choices[0].logprobs.tokens]
+    bos = tokenizer.model.bos_id
+    by_id = client.completions.create(model=MODEL, prompt=[bos], temperature=0, max_tokens=4)
+    assert by_id.choices[0].text == empty.choices[0].text
+
+
 def test_prompt_longer_than_a_slot_gives_the_numbers(server: ServerProcess) -> None:
     r = server.post("/v1/completions", json={"prompt": "word " * 1500, "max_tokens": 4})
     assert r.status_code == 400
