@@ -38,6 +38,18 @@ class ModelFacts:
         self.fills_in_the_middle = model.fim_ids is not None  # a code model with the tags (prompt/infill.py)
 
     @property
+    def only_embeds(self) -> bool:
+        """An embedding model (its GGUF names a pooling type, as Ollama tells them): it embeds, and
+        what it would write is no reply."""
+        return self.gguf is not None and self.gguf.arch_value("pooling_type") is not None
+
+    def check_writes(self) -> None:
+        """Refuse a reply from an embedding model (InputError)."""
+        if self.only_embeds:
+            raise InputError("this is an embedding model (its GGUF names a pooling type): it embeds texts and "
+                             "writes no replies; send the texts to /v1/embeddings, /api/embed or `runner embed`")
+
+    @property
     def takes_images(self) -> bool:
         return "image" in self.inputs
 

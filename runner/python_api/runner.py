@@ -146,6 +146,7 @@ class Runner:
         if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
             raise InputError(f"max_tokens must be a whole number, 0 or more (None: the default), got {max_tokens!r}")
         facts = self.loaded.facts
+        facts.check_writes()  # (InputError: an embedding model's reply would be noise)
         if not media:
             facts.check_token_ids(prompt_ids)  # (TokenIdError: an id llama_decode would be handed otherwise)
         length = reply_length(max_tokens, facts.default_max_tokens, facts.room_after(len(prompt_ids)))

@@ -14,6 +14,7 @@ import numpy as np
 
 from starlette.concurrency import run_in_threadpool
 
+from runner.core.errors import InputError
 from runner.model.model_facts import TokenIdError
 from runner.model.request_builder import (
     choice_requests,
@@ -74,6 +75,7 @@ class CompletionRequest:
 
 async def chat_request(state: ServerState, params: ChatParams, prefix: str) -> ChatRequest:
     """Template and tokenize the messages (with the tools), compile the reply's grammar."""
+    check_writes(state)
     check_n(state, params.common.n)
     prompt_ids, media, tools, reading, common = await _chat_prompt(state, params, prefix)
     reasoning = reasoning_splitter(state, prompt_ids)
@@ -197,6 +199,7 @@ async def _chat_constraint(state: ServerState, params: ChatParams, common: Commo
 async def completion_request(state: ServerState, params: CompletionParams) -> CompletionRequest:
     """Each prompt made ready: its choices, and its text and ids when echoed (a prompt the server
     cannot take is refused by its index when the request holds several)."""
+    check_writes(state)
     common = params.common
     check_n(state, params.best_of, "best_of" if params.best_of > common.n else "n")
     n_requests, most = len(params.prompts) * params.best_of, state.facts.n_slots + state.engine_thread.max_queue
@@ -248,6 +251,14 @@ async def _infill_ids(state: ServerState, prefix: str | tuple[int, ...], suffix:
                       "model has them, e.g. Qwen2.5-Coder)", "suffix", "unsupported_parameter")
     check_fits(state, len(suffix) + (len(prefix) if isinstance(prefix, str) else 0), "prompt")
     return await run_in_threadpool(state.loaded.infill_prompt_ids, prefix, suffix)
+
+
+def check_writes(state: ServerState) -> None:
+    """An embedding model writes no replies: a 400 naming the model (Ollama's 'does not support chat')."""
+    try:
+        state.facts.check_writes()
+    except InputError as exc:
+        raise invalid(str(exc), "model", "model_does_not_generate") from None
 
 
 def check_n(state: ServerState, n: int, param: str = "n") -> None:

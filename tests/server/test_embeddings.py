@@ -57,6 +57,33 @@ def test_an_embedding_model_is_pooled_as_its_gguf_says(tmp_path: Path) -> None:
         loaded.close()
 
 
+def test_an_embedding_model_embeds_and_refuses_to_write_a_reply(tmp_path: Path) -> None:
+    """(it answered chat with noise: its GGUF names a pooling type, as Ollama tells embedding models)"""
+    from engines import in_process_server
+    from runner.core.errors import InputError
+    from runner.python_api.runner import Runner
+
+    path = write_tiny_gguf(tmp_path / "embedder.gguf", pooling_type=1)
+    with in_process_server(load_tiny(path, 1, ctx_size=64)) as client:
+        assert client.post("/v1/embeddings", json={"model": "tiny", "input": "hi"}).status_code == 200
+        for route, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                            ("/v1/completions", {"prompt": "hi"}), ("/api/generate", {"prompt": "hi"}),
+                            ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})):
+            r = client.post(route, json={"model": "tiny", **body})
+            assert r.status_code == 400, (route, r.text)
+            assert "this is an embedding model (its GGUF names a pooling type)" in r.text, route
+    runner = Runner(str(path), ctx_size=64)
+    try:
+        assert runner.embed(["hi"]).shape == (1, 64)
+        with pytest.raises(InputError, match="embedding model"):
+            runner.complete("hi", max_tokens=2)
+    finally:
+        runner.close()
+    proc = subprocess.run([sys.executable, "-m", "runner", "run", str(path), "-p", "hi", "-q"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.startswith("runner: error: this is an embedding model")
+
+
 @pytest.fixture(scope="module")
 def server(serve_smollm2: Callable[..., ServerProcess]) -> ServerProcess:
     return serve_smollm2("--parallel", "2", "--ctx-size", "256")
