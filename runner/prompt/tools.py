@@ -154,19 +154,18 @@ def parse_calls(syntax: str, text: str, tools: list[Tool]) -> tuple[str, list[To
         if blocks:
             calls = _calls_from([json.loads(b) for b in blocks], "arguments", names)
             if calls:
-                return _before_a_cut_call(_HERMES_BLOCK.sub("", text)).strip(), calls
+                return _HERMES_BLOCK.sub("", _before_a_cut_call(text)).strip(), calls
     except (json.JSONDecodeError, TypeError, AttributeError):
         pass
     return _before_a_cut_call(text).lstrip() if syntax == HERMES else text, []
 
 
 def _before_a_cut_call(text: str) -> str:
-    """The text before a call that never closed (the reply was cut inside it, or inside its tag):
-    not content."""
+    """The text before a call that never closed (the reply was cut inside it, or inside its tag at
+    the very end): not content."""
+    text = text[:len(text) - _opening_part(text, HERMES_OPEN)]
     cut = text.rfind(HERMES_OPEN)
-    if cut >= 0:
-        return text if HERMES_CLOSE in text[cut:] else text[:cut]
-    return text[:len(text) - _opening_part(text, HERMES_OPEN)]
+    return text if cut < 0 or HERMES_CLOSE in text[cut:] else text[:cut]
 
 
 def _opening_part(text: str, opener: str) -> int:
@@ -180,50 +179,54 @@ class ShownText:
     parse_calls reads from the whole reply, so the rest can follow once the reply has ended.
     Hermes: the text, leading whitespace left out, up to a `<tool_call>` or what may begin one,
     holding back whitespace (the text before a call ends without it). Llama 3 and Mistral: a call
-    is the whole reply, so all of it once it cannot begin one, else nothing."""
+    is the whole reply, so all of it once it cannot begin one, else nothing. It keeps only what it
+    has not shown yet (a reply's rest is read from the whole reply)."""
 
     def __init__(self, syntax: str) -> None:
         self._syntax = syntax
-        self._text = ""
-        self._shown = 0  # characters of _text shown
-        self._held = False  # a call began: nothing more until the end
-        self._free = False  # (Llama 3, Mistral) no call: everything, as it comes
+        self._pieces: list[str] = []  # what it showed
+        self._pending = ""  # what came and is not shown yet
+        self._held = False  # a call (may have) begun: nothing more until the end
+        self._free = False  # nothing held back any more (Llama 3, Mistral: no call)
 
     @property
     def shown(self) -> str:
-        return self._text[len(self._text) - len(self._text.lstrip()):self._shown] if self._syntax == HERMES \
-            else self._text[:self._shown]
+        return "".join(self._pieces)
 
     def push(self, text: str) -> str:
         """What of the reply's next text can be shown now."""
-        self._text += text
         if self._held:
             return ""
-        end = self._hermes_end() if self._syntax == HERMES else self._whole_reply_end()
-        start = max(self._shown, len(self._text) - len(self._text.lstrip()) if self._syntax == HERMES else 0)
-        out = self._text[start:end] if end > start else ""
-        self._shown = max(self._shown, end)
+        if self._free:
+            out = text
+        else:
+            self._pending += text
+            out = self._hermes() if self._syntax == HERMES else self._whole_reply()
+        if out:
+            self._pieces.append(out)
         return out
 
-    def _hermes_end(self) -> int:
-        at = self._text.find(HERMES_OPEN, self._shown)
+    def _hermes(self) -> str:
+        pending = self._pending if self._pieces else self._pending.lstrip()
+        at = pending.find(HERMES_OPEN)
         if at >= 0:
-            self._held = True
-            return len(self._text[:at].rstrip())
-        return len(self._text[:len(self._text) - _opening_part(self._text, HERMES_OPEN)].rstrip())
+            self._held, self._pending = True, ""
+            return pending[:at].rstrip()
+        out = pending[:len(pending) - _opening_part(pending, HERMES_OPEN)].rstrip()
+        self._pending = pending[len(out):]
+        return out
 
-    def _whole_reply_end(self) -> int:
-        if self._free:
-            return len(self._text)
-        start = self._text.lstrip()
+    def _whole_reply(self) -> str:
+        start = self._pending.lstrip()
         openers = ("{", "<|python_tag|>") if self._syntax == LLAMA3 else ("[TOOL_CALLS]",)
         if any(start.startswith(o) for o in openers):
-            self._held = True
-            return 0
+            self._held, self._pending = True, ""
+            return ""
         if not start or any(o.startswith(start) for o in openers):
-            return 0
+            return ""
         self._free = True
-        return len(self._text)
+        out, self._pending = self._pending, ""
+        return out
 
 
 @dataclass(frozen=True)

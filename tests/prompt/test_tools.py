@@ -60,6 +60,7 @@ def test_each_family_is_told_by_its_template() -> None:
     (HERMES, 'Let me look.\n<tool_call>{"name": "get_weather", "argu', ("Let me look.\n", [])),
     (HERMES, "Let me look. <tool_", ("Let me look. ", [])),  # (cut inside the tag: "<tool_" leaked)
     (HERMES, "\n  Hi", ("Hi", [])),  # (as with calls: a reply's text starts where its words do)
+    (HERMES, "A <tool_call>x</tool_call> B <tool", ("A <tool_call>x</tool_call> B ", [])),  # (cut after a block)
 ])
 def test_calls_are_read_back_from_each_syntax(syntax: str, text: str, want) -> None:
     content, calls = parse_calls(syntax, text, [WEATHER, ADD])
@@ -234,6 +235,10 @@ SHOWN_REPLIES = [
     (HERMES, "\n  A poem about the sea, in four lines.\nWaves < rocks; <b>bold</b> <tool", "A poem about the sea, in four lines.\nWaves < rocks; <b>bold</b>"),
     (HERMES, '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', ""),
     (HERMES, 'Hi <tool_call>{"name": "nope", "arguments": {}}</tool_call> there', "Hi"),
+    # a '<' held back, then shown once a whole tag follows it: the whole reply's text keeps it too (it
+    # was cut there as a tag's start once the blocks were taken out)
+    (HERMES, 'Is 2 <<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "Is 2 <"),
+    (HERMES, '<t<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "<t"),
     (LLAMA3, "The answer is 4.", "The answer is 4."),
     (LLAMA3, ' <|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}', ""),
     (LLAMA3, '{"not": "a call"}', ""),
