@@ -442,9 +442,8 @@ class LoadedModel:
         '<|im_start|>' is the model's token, not its letters. An empty one is the start of a document,
         as OpenAI reads it: the model's BOS token (or its EOS, where it has none)."""
         ids = tuple(self.model.tokenize(text, add_special=self._adds_bos(text), parse_special=True))
-        if ids or text:
-            return ids
-        return (self.model.bos_id if self.model.bos_id >= 0 else self.model.eos_id,)
+        start = self.model.bos_id if self.model.bos_id >= 0 else self.model.eos_id
+        return ids if ids or text or start < 0 else (start,)
 
     def infill_prompt_ids(self, prefix: str | tuple[int, ...], suffix: str) -> tuple[int, ...]:
         """The fill-in-the-middle prompt for the text between prefix (text, or token ids) and suffix
