@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -102,6 +103,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     served = _served_model(base_url, args.api_key)
     if served is not None:
+        given = to_flags(from_args(EngineOptions, args), unless_as=EngineOptions(parallel=1, ctx_size=AGENT_CTX))
+        if given:  # (they are for a server launch starts: this one runs as it was started)
+            print(f"runner: a server already answers on {args.host}:{args.port}; {' '.join(given[::2])} "
+                  "would apply only to one started here", file=sys.stderr)
         return _run_agent(agent, executable, base_url, _chosen(base_url, served, args), args)
     server, log = _start_server(args)
     # a kill of launch, or its terminal closing, stops the server too (and a SIGKILL: its stdin ends)
@@ -210,7 +215,7 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Pa
     fd, name = tempfile.mkstemp(prefix=f"runner-launch-{args.port}-", suffix=".log")  # (a new file: no link followed)
     log = Path(name)
     flags = to_flags(from_args(EngineOptions, args), unless_as=EngineOptions())  # (what serve's defaults would not give)
-    print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {model} {' '.join(flags)}` "
+    print(f"runner: no server on {args.host}:{args.port}; starting `runner serve {shlex.join([model, *flags])}` "
           f"(log: {log})", file=sys.stderr)
     env = {**os.environ, API_KEY_ENV: args.api_key} if args.api_key else None  # the key the agent is given
     with os.fdopen(fd, "wb") as out:

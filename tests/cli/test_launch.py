@@ -81,6 +81,11 @@ def test_claude_is_pointed_at_a_running_server_and_warned_of_its_small_context(t
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
     assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
     assert "the server's slots hold 256 tokens" in proc.stderr and "--ctx-size 32768" in proc.stderr
+    assert "already answers" not in proc.stderr
+    flagged = runner("launch", "claude", "--port", _port(tiny_server), "--max-queue", "9", env=env)
+    assert flagged.returncode == 7, flagged.stderr  # (the flags were dropped without a word)
+    assert (f"runner: a server already answers on 127.0.0.1:{_port(tiny_server)}; --max-queue would apply only to "
+            "one started here") in flagged.stderr
 
 
 def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(tiny_gguf: Path,
