@@ -247,7 +247,10 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         of it, then the calls (the first fragment of each with its id, type and name, the next with
         its arguments)."""
         assert self.shown is not None
+        n_before = len(self.logprobs)
         self.add(event)
+        # (the tokens' logprobs go out as they come, the text they spell maybe later: as the whole reply's)
+        logprobs = {"content": self.logprobs[n_before:]} if self.wants_logprobs and event.logprobs else None
         reasoning, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
         if event.is_final and self.reasoning is not None:
             more_reasoning, more_text = self.reasoning.flush()
@@ -257,10 +260,10 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         if not event.is_final:
             if text:
                 delta["content"] = text
-            if not delta:
+            if not delta and logprobs is None:
                 self._hold_drafted(event)
                 return None
-            choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
+            choice = {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
             drafted = self._drafted(event)
             if drafted:
                 choice["drafted"] = drafted
@@ -279,7 +282,7 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
                 deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
         chunks = [self.envelope([{"index": self.index, "delta": d, "logprobs": None, "finish_reason": None}], chunk=True)
                   for d in deltas]
-        last = {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": reason}
+        last = {"index": self.index, "delta": {}, "logprobs": logprobs, "finish_reason": reason}
         drafted = self._drafted(event)
         if drafted:  # (the final event's tokens', and those of any held before it)
             last["drafted"] = drafted

@@ -109,3 +109,20 @@ def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> Non
     assert deltas[3]["delta"]["tool_calls"][0]["function"]["name"] == "add"
     assert deltas[4]["delta"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
     assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
+def test_logprobs_beside_tools_stream_as_the_whole_reply_lists_them() -> None:
+    """(with tools every chunk carried logprobs null, though the whole reply had them)"""
+    from runner.prompt.tools import HERMES, Tool, ToolReading
+    from runner.scheduler.request import TokenLogprob
+
+    reading = ToolReading(HERMES, (Tool("add", "", {"type": "object"}),))
+    builder = ChatReplyBuilder("r1", "smol", lambda t: bytes([96 + t]), True, None, reading)
+    events = [StreamEvent("r1", "Hi", (1,), logprobs=(TokenLogprob(1, -0.5),)),
+              StreamEvent("r1", " <tool_call>", (2,), logprobs=(TokenLogprob(2, -0.25),)),
+              StreamEvent("r1", '{"name": "add", "arguments": {}}</tool_call>', (3,), logprobs=(TokenLogprob(3, -1.0),),
+                          finish_reason=FinishReason.STOP, usage=Usage(3, 3))]
+    sent = "".join(builder.chunk_sse(e) or "" for e in events)
+    chunks = [json.loads(line[6:])["choices"][0] for line in sent.split("\n\n") if line]
+    streamed = [lp["logprob"] for c in chunks if c["logprobs"] for lp in c["logprobs"]["content"]]
+    assert streamed == [-0.5, -0.25, -1.0] == [lp["logprob"] for lp in builder.whole_choice()["logprobs"]["content"]]
