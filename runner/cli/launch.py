@@ -25,31 +25,45 @@ from runner.cli.ps import API_KEY_ENV
 from runner.config.options import PORT, EngineOptions, add_flags, from_args, to_flags
 from runner.core.errors import RunnerError
 
-AGENT_CTX = 32768  # tokens per slot for a server started here: an agent's first prompt is 15-25 thousand
-ENOUGH_CTX = 24576  # a found server with less gets a warning line
+AGENT_CTX = 32768  # tokens per slot for a server started here: an agent's first prompt is 6-25 thousand
+# a server started here: one slot holding an agent's prompt, where a reply no request bounds (Codex
+# sends none) may fill the slot, not stop at serve's 1,024 tokens
+LAUNCH_DEFAULTS = {"parallel": 1, "ctx_size": AGENT_CTX, "max_tokens": AGENT_CTX}
 
 
 @dataclass(frozen=True)
 class Agent:
     executable: str
     package: str  # its npm package, for the line that says how to install it
-    command: Callable[[str, str, str | None], tuple[list[str], dict[str, str]]]  # (base URL, model, key) -> argv, env
+    enough_ctx: int  # a found server whose slots hold less gets a warning line: this agent's first prompt
+    # (base URL, model, key, tokens per slot or None) -> argv, env
+    command: Callable[[str, str, str | None, int | None], tuple[list[str], dict[str, str]]]
 
 
-def _claude(base_url: str, model: str, key: str | None) -> tuple[list[str], dict[str, str]]:
+def _claude(base_url: str, model: str, key: str | None, ctx: int | None) -> tuple[list[str], dict[str, str]]:
     """Claude Code speaks the Messages API at ANTHROPIC_BASE_URL; every model it asks for by tier
-    (its background calls use the small one) is the served one."""
-    env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": key or "runner", "ANTHROPIC_MODEL": model,
-           "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+    (its background calls use the small one) is the served one. The key goes as a bearer token
+    (ANTHROPIC_AUTH_TOKEN): as ANTHROPIC_API_KEY, Claude Code asks whether to use it, and its default
+    answer, no, leaves it logged out; a key of the user's own for Anthropic is not sent here. With the
+    slot's size it is told the window to compact within, and that a reply takes a quarter of it at most
+    (it asks for 32,000 tokens, which a small model writes until the slot is full)."""
+    env = {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_AUTH_TOKEN": key or "runner", "ANTHROPIC_API_KEY": "",
+           "ANTHROPIC_MODEL": model, "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+    if ctx is not None:
+        env |= {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(ctx), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(ctx // 4)}
     return ["--model", model], env
 
 
-def _codex(base_url: str, model: str, key: str | None) -> tuple[list[str], dict[str, str]]:
-    """Codex speaks only the Responses API: a model provider named runner, wire_api responses."""
-    config = {"model_provider": "runner", "model_providers.runner.name": "runner",
-              "model_providers.runner.base_url": f"{base_url}/v1", "model_providers.runner.wire_api": "responses"}
+def _codex(base_url: str, model: str, key: str | None, ctx: int | None) -> tuple[list[str], dict[str, str]]:
+    """Codex speaks only the Responses API: a model provider named runner, wire_api responses; with
+    the slot's size, its context window (it knows no window for a model of ours)."""
+    config: dict[str, object] = {
+        "model_provider": "runner", "model_providers.runner.name": "runner",
+        "model_providers.runner.base_url": f"{base_url}/v1", "model_providers.runner.wire_api": "responses"}
+    if ctx is not None:
+        config["model_context_window"] = ctx
     env = {}
     if key is not None:
         config["model_providers.runner.env_key"] = "RUNNER_API_KEY"
@@ -58,8 +72,8 @@ def _codex(base_url: str, model: str, key: str | None) -> tuple[list[str], dict[
     return [*argv, "-m", model], env
 
 
-AGENTS = {"claude": Agent("claude", "@anthropic-ai/claude-code", _claude),
-          "codex": Agent("codex", "@openai/codex", _codex)}
+AGENTS = {"claude": Agent("claude", "@anthropic-ai/claude-code", 24576, _claude),
+          "codex": Agent("codex", "@openai/codex", 8192, _codex)}
 
 
 def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
@@ -71,7 +85,7 @@ def add_launch_flags(p: argparse.ArgumentParser, default_model: str) -> None:
     p.add_argument("--port", type=PORT, default=8080, help="the server's port: used if one answers, else "
                                                           "one is started there (default 8080)")
     server_flags = p.add_argument_group("a server started here", "the engine flags of `runner serve`")
-    add_flags(server_flags, EngineOptions, {"ctx_size": AGENT_CTX, "parallel": 1})
+    add_flags(server_flags, EngineOptions, LAUNCH_DEFAULTS)
     p.add_argument("--api-key", default=None, help=f"the server's key (default: ${API_KEY_ENV}, which a server "
                                                    "started here takes too)")
     p.set_defaults(agent_args=[])  # what follows `--` on the command line: main() puts it here
@@ -103,7 +117,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     args.api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     served = _served_model(base_url, args.api_key)
     if served is not None:
-        given = to_flags(from_args(EngineOptions, args), unless_as=EngineOptions(parallel=1, ctx_size=AGENT_CTX))
+        given = to_flags(from_args(EngineOptions, args), unless_as=EngineOptions(**LAUNCH_DEFAULTS))
         if given:  # (they are for a server launch starts: this one runs as it was started)
             print(f"runner: a server already answers on {args.host}:{args.port}; {' '.join(given[::2])} "
                   "would apply only to one started here", file=sys.stderr)
@@ -137,10 +151,10 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 def _run_agent(agent: Agent, executable: str, base_url: str, served: tuple[str, int | None],
                args: argparse.Namespace) -> int:
     model, ctx = served
-    if ctx is not None and ctx < ENOUGH_CTX:
-        print(f"runner: warning: the server's slots hold {ctx} tokens, an agent's prompt 15-25 thousand: "
-              f"serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
-    argv, env = agent.command(base_url, model, args.api_key)
+    if ctx is not None and ctx < agent.enough_ctx:
+        print(f"runner: warning: the server's slots hold {ctx} tokens, {agent.executable}'s first prompt about "
+              f"{agent.enough_ctx * 3 // 4:,}: serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
+    argv, env = agent.command(base_url, model, args.api_key, ctx)
     print(f"runner: {agent.executable} → {base_url} ({model})", file=sys.stderr)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's (it reaches it too)
     try:

@@ -24,7 +24,7 @@ FAKE_AGENT = """#!{python}
 import json, os, sys, urllib.request
 base = os.environ.get("ANTHROPIC_BASE_URL") or next(a.split("=", 1)[1].strip('"') for a in sys.argv
                                                     if a.startswith("model_providers.runner.base_url=")).removesuffix("/v1")
-key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("RUNNER_API_KEY")
+key = os.environ.get("ANTHROPIC_AUTH_TOKEN") or os.environ.get("RUNNER_API_KEY")
 def get(path):
     request = urllib.request.Request(base + path, headers={{"Authorization": "Bearer " + key}} if key else {{}})
     with urllib.request.urlopen(request) as reply:
@@ -76,9 +76,11 @@ def test_claude_is_pointed_at_a_running_server_and_warned_of_its_small_context(t
     base = tiny_server.url.removesuffix("/v1")
     assert seen["argv"] == ["--model", "tiny", "-p", "hello"]
     assert {k: seen["env"][k] for k in ("ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")} == {
+                                        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "CLAUDE_CODE_AUTO_COMPACT_WINDOW",
+                                        "CLAUDE_CODE_MAX_OUTPUT_TOKENS")} == {
         "ANTHROPIC_BASE_URL": base, "ANTHROPIC_MODEL": "tiny", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "tiny",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # (and the slot's window: it assumed 200,000 tokens)
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "256", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"}
     assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
     assert "the server's slots hold 256 tokens" in proc.stderr and "--ctx-size 32768" in proc.stderr
     assert "already answers" not in proc.stderr
@@ -95,11 +97,13 @@ def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(t
     proc = runner("launch", "codex", str(tiny_gguf), "--port", str(port), "--ctx-size", "512",
                   env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 7, proc.stderr
-    assert f"no server on 127.0.0.1:{port}; starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512`" in proc.stderr
+    assert (f"no server on 127.0.0.1:{port}; starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512 "
+            "--max-tokens 32768`") in proc.stderr  # (a reply Codex does not bound stopped at 1,024 tokens)
     seen = json.loads(record.read_text())
     assert seen["argv"] == ["-c", 'model_provider="runner"', "-c", 'model_providers.runner.name="runner"',
                             "-c", f'model_providers.runner.base_url="http://127.0.0.1:{port}/v1"',
-                            "-c", 'model_providers.runner.wire_api="responses"', "-m", "tiny"]
+                            "-c", 'model_providers.runner.wire_api="responses"', "-c", "model_context_window=512",
+                            "-m", "tiny"]
     assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
     assert "the server's slots hold 512 tokens" in proc.stderr  # the context asked for, and too small for an agent
     with pytest.raises(OSError):  # the server it started is gone
@@ -116,7 +120,9 @@ def test_a_key_from_the_environment_reaches_the_agent_and_a_wrong_one_is_one_lin
         proc = runner("launch", "claude", "--port", _port(server), env={**env, "RUNNER_API_KEY": "s3cret"})
         assert proc.returncode == 7, proc.stderr
         seen = json.loads(record.read_text())
-        assert seen["env"]["ANTHROPIC_API_KEY"] == "s3cret" and [m["id"] for m in seen["models"]["data"]] == ["tiny"]
+        # (as ANTHROPIC_API_KEY, Claude Code asked whether to use it, and its default answer logged it out)
+        assert (seen["env"]["ANTHROPIC_AUTH_TOKEN"], seen["env"]["ANTHROPIC_API_KEY"]) == ("s3cret", "")
+        assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
         wrong = runner("launch", "claude", "--port", _port(server), "--api-key", "nope", env=env)
         assert_one_line_error(wrong, "takes another API key than the one given")
         missing = runner("launch", "claude", "--port", _port(server), env={**env, "RUNNER_API_KEY": ""})
@@ -146,7 +152,7 @@ def test_engine_flags_reach_a_server_started_here(tiny_gguf: Path, tmp_path: Pat
     proc = runner("launch", "codex", str(tiny_gguf), "--port", str(port), "--ctx-size", "512", "--parallel", "2",
                   "--max-queue", "9", env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 7, proc.stderr
-    assert f"starting `runner serve {tiny_gguf} --parallel 2 --ctx-size 512 --max-queue 9`" in proc.stderr
+    assert f"starting `runner serve {tiny_gguf} --parallel 2 --ctx-size 512 --max-tokens 32768 --max-queue 9`" in proc.stderr
     assert len(json.loads(record.read_text())["slots"]) == 2
 
 
@@ -157,7 +163,7 @@ def test_a_model_after_an_option_is_the_model_to_serve(tiny_gguf: Path, tmp_path
     proc = runner("launch", "codex", "--port", str(port), "--ctx-size", "512", str(tiny_gguf),
                   env={**env, "RUNNER_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 7, proc.stderr
-    assert f"starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512`" in proc.stderr
+    assert f"starting `runner serve {tiny_gguf} --parallel 1 --ctx-size 512 --max-tokens 32768`" in proc.stderr
     assert not list(Path(tempfile.gettempdir()).glob(f"runner-launch-{port}-*.log"))  # (it served: no log left)
 
 
