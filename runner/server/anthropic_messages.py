@@ -267,7 +267,10 @@ class MessageBuilder:
     carries every field of Anthropic's Message object (null where this server has no value)."""
 
     def __init__(self, request_id: str, model: str, n_prompt: int, stop_sequences: tuple[str, ...],
-                 reasoning: ReasoningSplitter | None, tools: ToolReading | None, show_thinking: bool = False) -> None:
+                 reasoning: ReasoningSplitter | None, tools: ToolReading | None, show_thinking: bool = False,
+                 window_bound: bool = False) -> None:
+        """window_bound: the slot holds fewer tokens after the prompt than max_tokens asked for, so a
+        reply cut for length was cut by the context window (stop_reason model_context_window_exceeded)."""
         self.message_id = "msg_" + request_id.removeprefix("msg-")
         self.model = model
         self.n_prompt = n_prompt
@@ -276,6 +279,7 @@ class MessageBuilder:
         self.tools = tools
         self.shown = ShownText(tools.syntax) if tools is not None else None  # (what of the text streams)
         self.show_thinking = show_thinking and reasoning is not None
+        self.window_bound = window_bound
         self.text_parts: list[str] = []
         self.finish_reason: FinishReason | None = None
         self.stop_string: str | None = None
@@ -312,7 +316,7 @@ class MessageBuilder:
         if has_calls:
             return "tool_use", None
         if self.finish_reason is FinishReason.LENGTH:
-            return "max_tokens", None
+            return ("model_context_window_exceeded" if self.window_bound else "max_tokens"), None
         if self.stop_string is not None and self.stop_string in self.stop_sequences:
             return "stop_sequence", self.stop_string
         return "end_turn", None

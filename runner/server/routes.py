@@ -97,7 +97,8 @@ async def messages(state: ServerState, request: Request) -> Response:
         chat = await chat_request(state, params, "msg")
         builder = anthropic_messages.MessageBuilder(
             chat.gen.request_id, chat.common.model or state.served_name, len(chat.gen.prompt_ids), chat.common.stop,
-            reasoning_splitter(state, chat.gen.prompt_ids), chat.reading, params.show_thinking)
+            reasoning_splitter(state, chat.gen.prompt_ids), chat.reading, params.show_thinking,
+            window_bound=chat.gen.max_tokens < (chat.common.max_tokens or 0))
         return await run(state, request, [chat.gens], builder, chat.common.stream,
                          headers=ignored_tools_header(params.ignored_tools))
     except ApiError as exc:

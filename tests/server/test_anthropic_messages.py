@@ -278,3 +278,19 @@ def test_text_beside_tools_streams_before_the_reply_ends_then_the_calls() -> Non
     assert events[-5]["content_block"]["name"] == "get_weather"
     assert json.loads(events[-4]["delta"]["partial_json"]) == {"city": "Paris"}
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_a_reply_cut_by_the_slots_end_says_the_window_was_exceeded(tiny_gguf) -> None:
+    """(it said max_tokens, which Claude Code takes as its own cap and asks the reply to go on, into a
+    prompt too long for the slot)"""
+    from engines import in_process_server, load_tiny
+
+    with in_process_server(load_tiny(tiny_gguf, 1, ctx_size=64)) as client:
+        def stop_reason(max_tokens: int) -> str:
+            r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": max_tokens, "temperature": 0,
+                                                  "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+            return r.json()["stop_reason"]
+
+        assert stop_reason(1000) == "model_context_window_exceeded"
+        assert stop_reason(5) == "max_tokens"
