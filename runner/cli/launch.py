@@ -125,14 +125,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
     server, log = _start_server(args)
     # a kill of launch, or its terminal closing, stops the server too (and a SIGKILL: its stdin ends)
     previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    served = None
     try:
         served = _wait_until_serving(base_url, server, log)
-        log.unlink(missing_ok=True)  # (it served: the log is kept only to explain a failed start)
         return _run_agent(agent, executable, base_url, served, args)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        died = server.poll() is not None  # (before launch stopped it: it failed)
         _stop(server)
+        if served is not None and not died:
+            log.unlink(missing_ok=True)  # (the log, a line per request, is kept only where the server failed)
+        elif served is not None:
+            print(f"runner: the server stopped during the session (exit status {server.returncode}); its log: "
+                  f"{log}", file=sys.stderr)
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 30) -> None:
@@ -234,7 +240,7 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], Pa
     env = {**os.environ, API_KEY_ENV: args.api_key} if args.api_key else None  # the key the agent is given
     with os.fdopen(fd, "wb") as out:
         server = subprocess.Popen([*runner, "serve", model, "--host", args.host, "--port", str(args.port), *flags,
-                                   "--with-parent"],
+                                   "--log-requests", "--with-parent"],
                                   stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, env=env)
     return server, log

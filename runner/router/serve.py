@@ -26,7 +26,7 @@ from runner.runtime.layer_split import parse_tensor_split
 from runner.runtime.memory_plan import MemoryPlan, available_ram_bytes, layer_costs
 from runner.runtime.rpc_address import parse_workers
 from runner.server.serve import (api_key, cmd_serve, host_policy, listening_sockets, ollama_port, print_ready,
-                                 serve_flags_for_models)
+                                 serve_flags_for_models, uvicorn_logging)
 
 DEFAULT_KEEP_ALIVE = "30m"
 
@@ -128,7 +128,7 @@ def cmd_router(args: argparse.Namespace, on_ready: Callable[[str], None] | None 
             sockets.rmdir()
 
     config_ = uvicorn.Config(create_router_app(state, log, remove_sockets_dir), host=args.host, port=args.port,
-                             log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+                             **uvicorn_logging(args), timeout_graceful_shutdown=3)
     server = CancellingServer(config_, on_exit=pool.terminate_all)
     print_ready(server, n_models, "", on_ready)
     try:

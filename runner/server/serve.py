@@ -26,6 +26,12 @@ SHUTDOWN_GRACE_S = 3  # after SIGTERM/Ctrl-C: in-flight requests are cancelled, 
 API_KEY_ENV = "RUNNER_API_KEY"
 
 
+def uvicorn_logging(args: argparse.Namespace) -> dict[str, object]:
+    """Warnings only; with --log-requests, a line per request too."""
+    logs = getattr(args, "log_requests", False)
+    return {"log_level": "info" if logs else "warning", "access_log": logs}
+
+
 def add_serve_flags(p: argparse.ArgumentParser) -> None:
     """`runner serve`'s own flags and the engine's (the model argument and --quiet are the CLI's)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
@@ -59,6 +65,8 @@ def add_serve_flags(p: argparse.ArgumentParser) -> None:
                         f"thread wake-up per token (default: {DEFAULT_STREAM_INTERVAL_MS:g})")
     p.add_argument("--ollama-port", type=PORT, default=None, metavar="PORT",
                    help="also listen on this port (11434: Ollama's), for apps that cannot be told another")
+    p.add_argument("--log-requests", action="store_true",
+                   help="log each request on stderr: its client, method, path and status (uvicorn's access log)")
     p.add_argument("--uds", default=None, metavar="PATH", help=argparse.SUPPRESS)  # a model process's socket
     p.add_argument("--model-process", action="store_true", help=argparse.SUPPRESS)  # started by a router
     # started by `runner launch`: ends when launch does, however it ended (stdin's end, as a model process)
@@ -140,8 +148,7 @@ def cmd_serve(args: argparse.Namespace, on_ready: Callable[[str], None] | None =
                         reasoning_format=args.reasoning_format, is_model_process=args.model_process,
                         allow_remote_media=args.allow_remote_media, ollama_port=ollama_port(sockets))
     where = {"uds": args.uds} if args.uds else {"host": args.host, "port": args.port}
-    config = uvicorn.Config(create_app(state), **where, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    config = uvicorn.Config(create_app(state), **where, **uvicorn_logging(args), timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     server = CancellingServer(config, on_exit=engine_thread.cancel_all)
     print_ready(server, loaded.name, f" with {loaded.options.parallel} slots", on_ready)
     if args.model_process or args.with_parent:

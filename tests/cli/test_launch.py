@@ -29,8 +29,11 @@ def get(path):
     request = urllib.request.Request(base + path, headers={{"Authorization": "Bearer " + key}} if key else {{}})
     with urllib.request.urlopen(request) as reply:
         return json.loads(reply.read())
-json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": get("/v1/models"), "slots": get("/slots")}},
-          open({record!r}, "w"))
+import glob, tempfile
+models, slots = get("/v1/models"), get("/slots")
+logs = glob.glob(os.path.join(tempfile.gettempdir(), "runner-launch-" + base.rsplit(":", 1)[1] + "-*.log"))
+json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "models": models, "slots": slots,
+           "log": open(logs[0]).read() if logs else None}}, open({record!r}, "w"))
 sys.exit(7)
 """
 
@@ -106,6 +109,8 @@ def test_codex_gets_a_responses_provider_and_a_started_server_is_stopped_after(t
                             "-m", "tiny"]
     assert [m["id"] for m in seen["models"]["data"]] == ["tiny"]
     assert "the server's slots hold 512 tokens" in proc.stderr  # the context asked for, and too small for an agent
+    assert '"GET /v1/models HTTP/1.1" 200' in seen["log"]  # (the server's log, a line per request, while it runs)
+    assert not list(Path(tempfile.gettempdir()).glob(f"runner-launch-{port}-*.log"))  # (and gone after)
     with pytest.raises(OSError):  # the server it started is gone
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 
