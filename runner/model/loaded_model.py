@@ -107,6 +107,10 @@ class LoadedModel:
                 + self.options.media_cache_mb * 2**20)
         self.memory_plan.check()
         log(self.memory_plan.describe())
+        n_trained = self.info.n_ctx_train
+        if n_trained and self.options.ctx_size > n_trained:  # (llama.cpp takes it; the model was never taught it)
+            log(f"warning: --ctx-size {self.options.ctx_size} is more than {self.path.name} was trained for "
+                f"({n_trained} tokens): past that, its replies may fall apart")
         by_llama_order = workers + [d for d in self.offload.devices if d not in workers]  # (llama.cpp's: RPC first)
         # named where this process has workers registered: this model's, never another model's
         self.layer_devices = [d.name for d in by_llama_order] if workers or has_rpc_devices() else None

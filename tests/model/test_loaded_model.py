@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engines import load_tiny
+from runner.config.options import EngineOptions
 from runner.prompt.chat_template import Message
 from runner.model.loaded_model import LoadedModel
 
@@ -90,3 +91,13 @@ def test_the_vocabulary_scan_is_kept_for_the_next_load_of_the_same_file(tiny_ggu
         assert second.model.max_token_bytes == 999
     finally:
         second.close()
+
+
+def test_a_context_past_what_the_model_was_trained_for_is_warned_of(tiny_gguf: Path) -> None:
+    """(`runner serve smollm2 --ctx-size 32768`, past its 8k, said nothing)"""
+    for ctx_size, warned in ((2048, False), (4096, True)):
+        lines: list[str] = []
+        loaded = LoadedModel(tiny_gguf, EngineOptions(parallel=1, ctx_size=ctx_size, threads=1), log=lines.append)
+        loaded.close()
+        warning = f"warning: --ctx-size 4096 is more than {tiny_gguf.name} was trained for (2048 tokens)"
+        assert any(line.startswith(warning) for line in lines) is warned, lines
