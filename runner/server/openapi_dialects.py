@@ -96,7 +96,8 @@ CONTENT_BLOCK = _open({"type": {"type": "string", "enum": ["text", "tool_use", "
 MESSAGE = _open({
     "id": STRING, "type": {"type": "string", "enum": ["message"]}, "role": {"type": "string", "enum": ["assistant"]},
     "content": {"type": "array", "items": CONTENT_BLOCK}, "model": STRING,
-    "stop_reason": nullable({"type": "string", "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}),
+    "stop_reason": nullable({"type": "string", "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use",
+                                                          "model_context_window_exceeded"]}),
     "stop_sequence": nullable(STRING), "stop_details": nullable({"type": "object"}),
     "container": nullable({"type": "object"}),
     "usage": _open({"input_tokens": INTEGER, "output_tokens": INTEGER,
