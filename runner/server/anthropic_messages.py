@@ -36,6 +36,10 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+# 0: no reply, the prompt read into the cache (Anthropic's way to warm it)
+MAX_TOKENS = Field("max_tokens", "integer", "most tokens in the reply (0: none; the prompt is cached)", 0)
+
+
 def error_response(exc: ApiError) -> JSONResponse:
     kind = ERROR_TYPES.get(exc.status, "api_error")
     return JSONResponse({"type": "error", "error": {"type": kind, "message": _message(exc)}}, status_code=exc.status,
@@ -194,7 +198,7 @@ def _thinking(value: Any, output_config: Any) -> tuple[bool, int | None]:
 
 def parse_messages(body: dict[str, Any], counting: bool = False) -> ChatParams:
     """An Anthropic request as the internal chat request (count_tokens needs no max_tokens)."""
-    max_tokens = request_fields.MAX_TOKENS.read(body)
+    max_tokens = MAX_TOKENS.read(body)
     if max_tokens is None and not counting:
         raise invalid("max_tokens: Field required", "max_tokens")
     messages = body.get("messages")

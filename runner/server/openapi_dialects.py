@@ -78,7 +78,7 @@ MESSAGES_BODY = _open({
         "content": {"oneOf": [STRING, {"type": "array", "items": TYPED_ITEM}]}}, ["role", "content"])},
     "system": {"oneOf": [STRING, {"type": "array", "items": _open({"type": {"type": "string", "enum": ["text"]},
                                                                         "text": STRING}, ["type", "text"])}]},
-    "max_tokens": request_fields.MAX_TOKENS.schema(),
+    "max_tokens": anthropic_messages.MAX_TOKENS.schema(),
     "temperature": anthropic_messages.TEMPERATURE.schema(), "top_p": request_fields.SAMPLING["top_p"].schema(),
     "top_k": request_fields.SAMPLING["top_k"].schema(),
     "stop_sequences": {"type": "array", "items": STRING}, "stream": request_fields.STREAM.schema(),

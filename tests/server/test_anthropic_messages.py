@@ -294,3 +294,23 @@ def test_a_reply_cut_by_the_slots_end_says_the_window_was_exceeded(tiny_gguf) ->
 
         assert stop_reason(1000) == "model_context_window_exceeded"
         assert stop_reason(5) == "max_tokens"
+
+
+def test_max_tokens_0_reads_the_prompt_into_the_cache_and_writes_nothing(tiny_gguf) -> None:
+    """Anthropic's way to warm the cache (it was a 400: 'max_tokens' must be at least 1)."""
+    from engines import in_process_server, load_tiny
+
+    ask = [{"role": "user", "content": "a long system of things to remember " * 3}]
+    with in_process_server(load_tiny(tiny_gguf, 1, ctx_size=128)) as client:
+        warm = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 0, "messages": ask})
+        assert warm.status_code == 200, warm.text
+        body = warm.json()
+        assert (body["content"], body["stop_reason"], body["usage"]["output_tokens"]) == (
+            [{"type": "text", "text": "", "citations": None}], "max_tokens", 0)
+        n_prompt = body["usage"]["input_tokens"]
+        again = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 4, "messages": ask}).json()
+        assert again["usage"]["cache_read_input_tokens"] >= n_prompt - 1  # (the prompt was read, and kept)
+        streamed = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 0, "messages": ask, "stream": True})
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert [e["type"] for e in events][-2:] == ["message_delta", "message_stop"]
+        assert events[-2]["delta"]["stop_reason"] == "max_tokens" and events[-2]["usage"]["output_tokens"] == 0
