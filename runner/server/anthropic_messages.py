@@ -21,7 +21,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import read_reply, rest_after
+from runner.server.replies import piece_of, read_reply, rest_after
 from runner.server.request_fields import Field
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -351,12 +351,7 @@ class MessageBuilder:
         """Thinking (when asked for) and text stream as they come; with tools, the text up to where
         a call may begin, the rest and the calls when the reply ends."""
         self.add(event)
-        thought, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
-        if event.is_final and self.reasoning is not None:
-            more_thought, more_text = self.reasoning.flush()
-            thought, text = thought + more_thought, text + more_text
-        if self.shown is not None:
-            text = self.shown.push(text)
+        thought, text = piece_of(event, self.reasoning, self.shown)
         out = self._delta_sse("thinking", thought) if thought and self.show_thinking else ""
         if text:
             out += self._delta_sse("text", text)

@@ -25,7 +25,7 @@ from runner.server.errors import ApiError, invalid
 from runner.server.images import ImageParts
 from runner.server.params import ChatParams, CommonParams, CompletionParams
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import read_reply, rest_after
+from runner.server.replies import piece_of, read_reply, rest_after
 
 NDJSON = "application/x-ndjson"
 _DEFAULTS = SamplingParams()
@@ -381,14 +381,10 @@ class OllamaBuilder:
         """The text as it comes (thinking apart); with tools, the text up to where a call may begin,
         the rest and the calls once the reply has ended."""
         self.add(event)
-        thinking, content = self.reasoning.push(event.text) if self.reasoning is not None else ("", event.text)
-        if event.is_final and self.reasoning is not None:
-            more_thinking, more_content = self.reasoning.flush()
-            thinking, content = thinking + more_thinking, content + more_content
+        thinking, content = piece_of(event, self.reasoning, self.shown)
         if not self.show_thinking:
             thinking = ""
         if self.shown is not None:
-            content = self.shown.push(content)
             if event.is_final:
                 reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
                 self._calls = reply.calls

@@ -11,7 +11,7 @@ from typing import Any
 from runner.prompt.tools import ShownText, ToolReading
 from runner.scheduler.request import FinishReason, StreamEvent, TokenLogprob, Usage
 from runner.server.reasoning import ReasoningSplitter
-from runner.server.replies import TokenText, read_reply, rest_after, sse
+from runner.server.replies import TokenText, piece_of, read_reply, rest_after, sse
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -212,7 +212,7 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
             self._hold_drafted(event)
             return None
         logprobs = {"content": self.logprobs[n_before:]} if self.wants_logprobs else None
-        delta = self._delta(event.text, event.is_final, reason)
+        delta = self._delta(event, reason)
         if not delta and reason is None and not event.logprobs:
             self._hold_drafted(event)
             return None  # all of it held back (a tag may be arriving)
@@ -222,13 +222,10 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
             choice["drafted"] = drafted
         return self.envelope([choice], chunk=True)
 
-    def _delta(self, text: str, is_final: bool, reason: str | None) -> dict[str, str]:
+    def _delta(self, event: StreamEvent, reason: str | None) -> dict[str, str]:
         if self.reasoning is None:
-            return {"content": text} if text or reason is None else {}
-        reasoning, content = self.reasoning.push(text)
-        if is_final:
-            more_reasoning, more_content = self.reasoning.flush()
-            reasoning, content = reasoning + more_reasoning, content + more_content
+            return {"content": event.text} if event.text or reason is None else {}
+        reasoning, content = piece_of(event, self.reasoning, None)
         delta = {"reasoning_content": reasoning} if reasoning else {}
         if content:
             delta["content"] = content
@@ -251,11 +248,7 @@ class ChatReplyBuilder(OpenAIReplyBuilder):
         self.add(event)
         # (the tokens' logprobs go out as they come, the text they spell maybe later: as the whole reply's)
         logprobs = {"content": self.logprobs[n_before:]} if self.wants_logprobs and event.logprobs else None
-        reasoning, text = ("", event.text) if self.reasoning is None else self.reasoning.push(event.text)
-        if event.is_final and self.reasoning is not None:
-            more_reasoning, more_text = self.reasoning.flush()
-            reasoning, text = reasoning + more_reasoning, text + more_text
-        text = self.shown.push(text)
+        reasoning, text = piece_of(event, self.reasoning, self.shown)
         delta = {"reasoning_content": reasoning} if reasoning else {}
         if not event.is_final:
             if text:
