@@ -43,18 +43,22 @@ class GrammarSpec:
     param: str  # the request parameter it came from, for errors ("response_format", "grammar")
 
 
+def json_reply_schema(source: str) -> dict[str, Any]:
+    """A JSON reply format's schema (its text), objects closed as llama.cpp's server closes them. No
+    schema, or the empty one: any object (a bare number or string would rarely be what is meant, and
+    a model may write digits until its tokens run out)."""
+    return (closed_objects(json.loads(source)) if source else {}) or {"type": "object"}
+
+
 @functools.lru_cache(maxsize=128)
 def grammar_text(kind: str, source: str) -> str:
     """llguidance's grammar for a spec (cached: a repeated schema is translated once)."""
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 
-    if kind in JSON_KINDS:  # (objects closed as llama.cpp's server closes them)
-        # no schema, or the empty one: any object (a bare number or string would rarely be what is meant,
-        # and a model may write digits until its tokens run out)
-        schema = closed_objects(json.loads(source)) if source else {}
-        schema = schema or {"type": "object"}
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
+    if kind in JSON_KINDS:
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(json_reply_schema(source)),
+                                                             defaults=JSON_LAYOUT)
     if kind == "gbnf":
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
     return llguidance.LLMatcher.grammar_from_lark(source)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +24,6 @@ from runner.model.request_builder import (
 from runner.prompt.chat_template import TemplateError, TemplateLimitError
 from runner.prompt.tools import TRIGGERS, ToolReading, call_grammar
 from runner.runtime.embeddings import InputTooLongError
-from runner.core.json_schemas import closed_objects
 from runner.sampling.constraints import (
     JSON_KINDS,
     JSON_LAYOUT,
@@ -35,6 +33,7 @@ from runner.sampling.constraints import (
     GrammarSpec,
     LazyConstraint,
     ReasoningGate,
+    json_reply_schema,
 )
 from runner.scheduler.request import GenerationRequest, MediaSpan
 from runner.scheduler.scheduler import PromptTooLongError
@@ -117,11 +116,11 @@ async def _chat_prompt(state: ServerState, params: ChatParams, prefix: str,
 
 
 def _reply_schema(spec: GrammarSpec | None) -> dict | None:
-    """A JSON reply format's schema, objects closed as for the format alone (None: no format)."""
+    """A JSON reply format's schema, as for the format alone (None: no format)."""
     if spec is None:
         return None
     assert spec.kind in JSON_KINDS, "a grammar beside tools is refused at the edge"
-    return (closed_objects(json.loads(spec.source)) if spec.source else {}) or {"type": "object"}
+    return json_reply_schema(spec.source)
 
 
 async def _image_chunks(state: ServerState, images: tuple[ImageInput, ...]) -> list:
