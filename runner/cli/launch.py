@@ -158,8 +158,8 @@ def _run_agent(agent: Agent, executable: str, base_url: str, served: tuple[str, 
                args: argparse.Namespace) -> int:
     model, ctx = served
     if ctx is not None and ctx < agent.enough_ctx:
-        print(f"runner: warning: the server's slots hold {ctx} tokens, {agent.executable}'s first prompt about "
-              f"{agent.enough_ctx * 3 // 4:,}: serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
+        print(f"runner: warning: the server's slots hold {ctx} tokens, fewer than {agent.executable}'s first "
+              f"prompt and reply take ({agent.enough_ctx}): serve with --ctx-size {AGENT_CTX}", file=sys.stderr)
     argv, env = agent.command(base_url, model, args.api_key, ctx)
     print(f"runner: {agent.executable} → {base_url} ({model})", file=sys.stderr)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the agent's (it reaches it too)
