@@ -83,14 +83,12 @@ async def embed_route(state: ServerState, request: Request) -> Response:
     check_model(request_model(body), state.model_ids)
     if request.url.path == "/api/embeddings":
         return await _older_embedding(state, body)
-    if body.get("input") in (None, "", []):  # (what Ollama's clients send to have a model loaded)
-        return JSONResponse({"model": body.get("model"), "embeddings": [], "total_duration": time.monotonic_ns() - started_ns,
-                             "load_duration": 0, "prompt_eval_count": 0})
-    texts = _texts(body, "input")
+    # no input: no vectors (what Ollama's clients send to have a model loaded)
+    texts = [] if body.get("input") in (None, "", []) else _texts(body, "input")
     n_dimensions = ollama_api.embed_dimensions(body, state.facts.n_embd)
     truncates = ollama_api.TRUNCATE.read(body, True)
-    ids = await (_truncated_ids(state, texts) if truncates else embedding_ids(state, texts))
-    vectors = [ollama_api.shortened(v, n_dimensions).tolist() for v in await embed(state, ids)]
+    ids = await (_truncated_ids(state, texts) if truncates else embedding_ids(state, texts)) if texts else []
+    vectors = [ollama_api.shortened(v, n_dimensions).tolist() for v in await embed(state, ids)] if ids else []
     return JSONResponse({"model": body.get("model"), "embeddings": vectors,
                          "total_duration": time.monotonic_ns() - started_ns, "load_duration": 0,
                          "prompt_eval_count": sum(len(x) for x in ids)})
