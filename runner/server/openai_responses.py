@@ -360,12 +360,14 @@ class ResponsesBuilder:
     def _rest_sse(self) -> str:
         """The end of the stream's items: the rest of the text (a reply always has its message, unless
         it is only calls), then the calls."""
-        reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
-        rest = rest_after(reply.content, self.shown.shown) if self.shown is not None else ""
+        rest, calls = "", []  # (without tools all of the text has streamed: nothing to read again)
+        if self.shown is not None:
+            reply = read_reply("".join(self.text_parts), self.reasoning, self.tools)
+            rest, calls = rest_after(reply.content, self.shown.shown), reply.calls
         has_message = any(item["type"] == "message" for item in self.output)
-        out = self._delta_sse("message", rest) if rest or not (has_message or reply.calls) else ""
+        out = self._delta_sse("message", rest) if rest or not (has_message or calls) else ""
         out += self._close_sse()
-        for call in reply.calls:
+        for call in calls:
             out += self._call_sse({"type": "function_call", "id": new_id("fc"), "call_id": call.id,
                                    "name": call.name, "arguments": call.arguments, "status": "completed"})
         return out
